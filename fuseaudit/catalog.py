@@ -1,0 +1,279 @@
+"""The op catalog: the single source of truth for every part of fuseaudit.
+
+Each :class:`OpSpec` carries an op's canonical signature, its inputs and
+keyword parameters, the unfused eager composition (the yardstick, built from
+torch's own functionals), the float64 oracle, the launches a fused
+implementation should make, models of the minimum bytes moved and of the
+FLOPs, and the reference kernel that implements it.  Tests, the audit, the
+benchmarks, the reports and the CLI all read the ops from :data:`OPS`;
+adding an op is one entry here plus its kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+# Input roles.  "rows": an activation shaped (..., N); "vector": a 1-D
+# parameter of the hidden size N; "q" / "kv": attention operands
+# (B, H, Sq, D) and (B, Hkv, Sk, D).
+ROWS, VECTOR, Q, KV = "rows", "vector", "q", "kv"
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    role: str
+
+
+@dataclass(frozen=True)
+class Param:
+    """A keyword parameter of the op and the values the strategies draw from."""
+
+    name: str
+    default: Any
+    choices: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of the catalog.  See DESIGN.md for the canonical signatures."""
+
+    name: str
+    family: str  # "rows" (last dim is the hidden dim) or "attention"
+    inputs: tuple[Input, ...]
+    params: tuple[Param, ...]
+    outputs: tuple[str, ...]
+    eager: Callable[..., Any]
+    meaning: str
+    reference: str | None
+    # Budget of the dtype-based fallback bound, in ulps of the row's largest
+    # oracle magnitude (tolerance.py): used only where eager is no yardstick.
+    fallback_ulps: float
+    # Full-size temporaries the eager composition writes and reads back, in
+    # units of the primary input's size (attention: of the Sq x Sk score
+    # matrix per head).  The bytes fusion avoids.
+    eager_temporaries: float
+    oracle_fn: Callable[..., Any] | None = None
+    launches: int = 1
+    regimes: tuple[str, ...] = ("normal", "large", "outliers", "zeros", "near_constant", "shifted")
+    flops_per_element: float = 1.0
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    # -- signature ----------------------------------------------------------
+    @property
+    def signature(self) -> str:
+        args = [i.name for i in self.inputs]
+        args += [f"{p.name}={p.default!r}" for p in self.params]
+        ret = " -> (" + ", ".join(self.outputs) + ")" if len(self.outputs) > 1 else ""
+        return f"{self.name}({', '.join(args)}){ret}"
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    # -- semantics ----------------------------------------------------------
+    def run_eager(self, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        """The unfused eager composition, in the inputs' dtype."""
+        return as_tuple(self.eager(*(inputs[n] for n in self.input_names), **params))
+
+    def run_oracle(self, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        """The float64 oracle, computed from the same (rounded) inputs."""
+        dtype = inputs[self.inputs[0].name].dtype
+        wide = {n: t.to(torch.float64) for n, t in inputs.items()}
+        fn = self.oracle_fn or (lambda *a, dtype, **kw: self.eager(*a, **kw))
+        return as_tuple(fn(*(wide[n] for n in self.input_names), dtype=dtype, **params))
+
+    def load_reference(self) -> Callable[..., Any] | None:
+        from .targets import load_target
+
+        return load_target(self.reference) if self.reference else None
+
+    # -- models ---------------------------------------------------------------
+    def bytes_moved(self, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> int:
+        """Fewest bytes a fused kernel must move: each input read once, each output written once."""
+        size = torch.empty((), dtype=dtype).element_size()
+        read = sum(math.prod(s) for s in shapes.values())
+        out_shape = shapes[self.inputs[0].name]
+        return size * (read + len(self.outputs) * math.prod(out_shape))
+
+    def flops(self, shapes: dict[str, tuple[int, ...]], params: dict[str, Any]) -> float:
+        """Floating-point operations of one call (matrix FLOPs for attention)."""
+        if self.family == "attention":
+            return 4.0 * attention_pairs(shapes, params) * shapes["q"][-1]
+        return self.flops_per_element * math.prod(shapes[self.inputs[0].name])
+
+    def intermediate_bytes(self, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> int:
+        """Bytes of the temporaries eager writes and reads back (written once, read once)."""
+        size = torch.empty((), dtype=dtype).element_size()
+        if self.family == "attention":
+            b, h, sq, _ = shapes["q"]
+            unit = b * h * sq * shapes["k"][2]
+        else:
+            unit = math.prod(shapes[self.inputs[0].name])
+        return int(2 * size * self.eager_temporaries * unit)
+
+
+def attention_pairs(shapes: dict[str, tuple[int, ...]], params: dict[str, Any]) -> int:
+    """Query-key pairs attended, summed over batch and heads (top-left causal)."""
+    b, h, sq, _ = shapes["q"]
+    sk = shapes["k"][2]
+    if not params.get("causal", False):
+        return b * h * sq * sk
+    full = max(0, sq - sk)  # rows that see every key
+    tri = min(sq, sk)
+    return b * h * (tri * (tri + 1) // 2 + full * sk)
+
+
+def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+# ---------------------------------------------------------------------------
+# Eager compositions (in the inputs' dtype) and oracles (float64)
+# ---------------------------------------------------------------------------
+
+def _bias_gelu(x, bias, approximate="none"):
+    return F.gelu(x + bias, approximate=approximate)
+
+
+def _bias_silu(x, bias):
+    return F.silu(x + bias)
+
+
+def _residual_bias_gelu(x, residual, bias):
+    return F.gelu(x + residual + bias)
+
+
+def _swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def _geglu(gate, up, approximate="none"):
+    return F.gelu(gate, approximate=approximate) * up
+
+
+def _rms_norm(x, weight, eps=1e-6):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _add_rms_norm(x, residual, weight, eps=1e-6):
+    h = x + residual
+    return _rms_norm(h, weight, eps), h
+
+
+def _layer_norm(x, weight, bias, eps=1e-5):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _add_layer_norm(x, residual, weight, bias, eps=1e-5):
+    h = x + residual
+    return _layer_norm(h, weight, bias, eps), h
+
+
+def _softmax(x, scale=1.0):
+    return torch.softmax(x * scale, dim=-1)
+
+
+def _attention(q, k, v, causal=False, scale=None):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # grouped-query: each kv head serves `groups` query heads
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _add_norm_oracle(norm):
+    # The contract rounds h = x + residual to the input dtype and normalises
+    # that h (as eager does), so the oracle normalises the rounded h too.
+    def oracle(x, residual, *rest, dtype, **kw):
+        h = (x + residual).to(dtype).to(torch.float64)
+        return norm(h, *rest, **kw), x + residual
+
+    return oracle
+
+
+_POINTWISE_REGIMES = ("normal", "large", "outliers", "zeros", "shifted")
+_ATTN_REGIMES = ("normal", "large", "outliers", "zeros", "shifted")
+
+
+def _op(name, family, inputs, outputs, eager, meaning, kernel_file, **kw) -> OpSpec:
+    params = kw.pop("params", ())
+    return OpSpec(
+        name=name,
+        family=family,
+        inputs=tuple(Input(n, r) for n, r in inputs),
+        params=tuple(params),
+        outputs=outputs,
+        eager=eager,
+        meaning=meaning,
+        reference=f"fuseaudit.kernels.{kernel_file}:{name}" if kernel_file else None,
+        **kw,
+    )
+
+
+_APPROX = Param("approximate", "none", ("none", "tanh"))
+
+OPS: dict[str, OpSpec] = {
+    op.name: op
+    for op in [
+        _op("bias_gelu", "rows", [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_gelu,
+            'F.gelu(x + bias, approximate=...)', "bias_act", params=[_APPROX],
+            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=20),
+        _op("bias_silu", "rows", [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_silu,
+            "F.silu(x + bias)", "bias_act",
+            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=6),
+        _op("residual_bias_gelu", "rows", [("x", ROWS), ("residual", ROWS), ("bias", VECTOR)], ("y",),
+            _residual_bias_gelu, "F.gelu(x + residual + bias)", "bias_act",
+            fallback_ulps=8, eager_temporaries=2, regimes=_POINTWISE_REGIMES, flops_per_element=21),
+        _op("swiglu", "rows", [("gate", ROWS), ("up", ROWS)], ("y",), _swiglu,
+            "F.silu(gate) * up", "gated",
+            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=6),
+        _op("geglu", "rows", [("gate", ROWS), ("up", ROWS)], ("y",), _geglu,
+            "F.gelu(gate, approximate=...) * up", "gated", params=[_APPROX],
+            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=20),
+        _op("rms_norm", "rows", [("x", ROWS), ("weight", VECTOR)], ("y",), _rms_norm,
+            "F.rms_norm(x, (N,), weight, eps)", "rms_norm",
+            params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
+            flops_per_element=4),
+        _op("add_rms_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR)], ("y", "h"),
+            _add_rms_norm, "h = x + residual; (F.rms_norm(h, (N,), weight, eps), h)", "rms_norm",
+            params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
+            oracle_fn=_add_norm_oracle(_rms_norm), flops_per_element=5),
+        _op("layer_norm", "rows", [("x", ROWS), ("weight", VECTOR), ("bias", VECTOR)], ("y",),
+            _layer_norm, "F.layer_norm(x, (N,), weight, bias, eps)", "layer_norm",
+            params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16, eager_temporaries=0,
+            flops_per_element=8),
+        _op("add_layer_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR), ("bias", VECTOR)],
+            ("y", "h"), _add_layer_norm, "h = x + residual; (F.layer_norm(h, (N,), weight, bias, eps), h)",
+            "layer_norm", params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16,
+            eager_temporaries=0, oracle_fn=_add_norm_oracle(_layer_norm), flops_per_element=9),
+        _op("softmax", "rows", [("x", ROWS)], ("y",), _softmax,
+            "torch.softmax(x * scale, dim=-1)", "softmax",
+            params=[Param("scale", 1.0, (1.0, 0.125, 2.0, 0.08838834764831845))],
+            fallback_ulps=16, eager_temporaries=1, flops_per_element=5),
+        _op("attention", "attention", [("q", Q), ("k", KV), ("v", KV)], ("y",), _attention,
+            "F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale); "
+            "k, v may have fewer heads (grouped-query); causal top-left aligned", "attention",
+            params=[Param("causal", False, (False, True)), Param("scale", None, (None, 0.1))],
+            fallback_ulps=64, eager_temporaries=2, regimes=_ATTN_REGIMES),
+    ]
+}
+
+
+def get_op(name: str) -> OpSpec:
+    """The op called ``name``; a clear error naming the known ops otherwise."""
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(OPS)}") from None

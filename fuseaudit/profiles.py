@@ -1,0 +1,61 @@
+"""Hypothesis profiles and the device a run uses.
+
+Three Hypothesis profiles, all with ``deadline=None`` (a first call compiles
+a kernel, and the interpreter is slow; a deadline would only measure that):
+
+``fuseaudit-ci``   few, small, derandomized examples: stable CI on 2 CPU cores
+``fuseaudit-dev``  more and larger examples, random each run
+``fuseaudit-gpu``  many, large examples for a real GPU
+
+The size bounds that go with each profile live in :mod:`.strategies`; the
+profile name reaches them through ``$FUSEAUDIT_PROFILE``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = ("ci", "dev", "gpu")
+_SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+_EXAMPLES = {"ci": 12, "dev": 60, "gpu": 60}
+
+
+def register() -> None:
+    """Register the ``fuseaudit-*`` profiles (idempotent)."""
+    settings.register_profile("fuseaudit-ci", max_examples=_EXAMPLES["ci"], deadline=None, derandomize=True,
+                              suppress_health_check=_SLOW, print_blob=True)
+    settings.register_profile("fuseaudit-dev", max_examples=_EXAMPLES["dev"], deadline=None,
+                              suppress_health_check=_SLOW, print_blob=True)
+    settings.register_profile("fuseaudit-gpu", max_examples=_EXAMPLES["gpu"], deadline=None,
+                              suppress_health_check=_SLOW, print_blob=True)
+
+
+def activate(profile: str) -> None:
+    """Load the Hypothesis profile and the matching size bounds."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    register()
+    settings.load_profile(f"fuseaudit-{profile}")
+    os.environ["FUSEAUDIT_PROFILE"] = profile
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``cuda`` when asked for or available; else ``cpu`` with Triton's interpreter on.
+
+    The interpreter switch must be set before any kernel module is imported,
+    which is why every entry point calls this first.
+    """
+    import torch
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    return device

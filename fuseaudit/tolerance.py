@@ -1,0 +1,219 @@
+"""The tolerance policy: one rule for every op, dtype and implementation.
+
+A fixed atol/rtol either fails correct kernels (layer_norm on near-constant
+rows, cancellation near zero) or passes wrong ones (a softmax over 100k
+columns returned as zeros).  Instead, for every output and every row (the
+last dim) we compare three things computed from the *same rounded inputs*:
+
+* ``got``    -- the implementation under test;
+* ``eager``  -- the unfused eager PyTorch composition in the inputs' dtype,
+  built from torch's own functionals (the yardstick);
+* ``oracle`` -- the same maths in float64.
+
+Per row ``r``, with ``err(t) = max_i |t_i - oracle_i|`` over the row and
+``scale_r = max_i |oracle_i|``::
+
+    noise_r    = NOISE_ULPS * ulp(dtype, scale_r) + tiny(dtype)
+    fallback_r = spec.fallback_ulps * ulp(dtype, scale_r) + tiny(dtype)
+
+    if eager's row is finite and err(eager) <= fallback_r:      (a sane yardstick)
+        bound_r = FACTOR * err(eager) + noise_r
+    else:                                                         (eager overflowed or is far off)
+        bound_r = fallback_r
+
+    the row passes  iff  err(got) <= bound_r
+
+``FACTOR = 2`` follows FlashAttention's tests; ``noise_r`` is the rounding
+noise of the output dtype at the row's magnitude, so a kernel that rounds
+once where eager rounded differently still passes.  Because the bound scales
+with the row's own magnitude, tiny outputs keep a tight bound: zeros returned
+for a softmax row of 1e-5 values miss it by five orders of magnitude.  A broken
+yardstick never widens the bound past ``fallback_r``.
+
+Before any of that, NaN and Inf must match: a non-finite value where the
+oracle (rounded to the output dtype) is finite fails, and the reverse too.
+NaN is never a wildcard.  An element never written by the kernel reads as NaN
+(see :mod:`fuseaudit.check`) and fails here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+FACTOR = 2.0
+NOISE_ULPS = 2.0
+
+# Explicit significand bits (ulp(1.0) = 2**-MANTISSA) and smallest normals.
+MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
+
+
+def tiny(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).tiny)
+
+
+def ulp(dtype: torch.dtype, magnitude: torch.Tensor) -> torch.Tensor:
+    """The spacing of ``dtype`` numbers at ``magnitude`` (float64, elementwise)."""
+    mag = magnitude.abs().clamp_min(tiny(dtype))
+    exponent = torch.floor(torch.log2(mag))
+    return torch.exp2(exponent - MANTISSA[dtype])
+
+
+@dataclass
+class Comparison:
+    """The verdict on one output tensor, with the figures a report needs."""
+
+    output: str
+    passed: bool
+    reason: str
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0  # max over rows of err / scale
+    max_ulp_err: float = 0.0  # max over elements of |got - oracle| / ulp(oracle)
+    eager_max_abs_err: float = 0.0
+    eager_max_ulp_err: float = 0.0
+    ratio_to_eager: float = 0.0  # err(got) / err(eager) over the worst row, inf if eager is exact
+    yardstick: str = "eager"  # or "fallback" where eager was non-finite or far off
+    rows: int = 0
+    rows_failed: int = 0
+    worst_index: tuple[int, ...] = ()
+    worst_got: float = 0.0
+    worst_oracle: float = 0.0
+    worst_eager: float = 0.0
+    worst_bound: float = 0.0
+    ulp_histogram: list[int] | None = None  # counts of elements at 0, <=0.5, <=1, <=2, ... ulps
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ULP_BINS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, math.inf)
+
+
+def _histogram(ulps: torch.Tensor) -> list[int]:
+    edges = torch.tensor(ULP_BINS, dtype=torch.float64, device=ulps.device)
+    idx = torch.bucketize(ulps, edges)  # 0 for exactly 0, i for (edge[i-1], edge[i]]
+    return torch.bincount(idx.clamp_max(len(ULP_BINS) - 1), minlength=len(ULP_BINS)).tolist()
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for s in reversed(shape):
+        out.append(flat % s)
+        flat //= s
+    return tuple(reversed(out))
+
+
+def compare(
+    name: str,
+    got: torch.Tensor,
+    eager: torch.Tensor,
+    oracle: torch.Tensor,
+    *,
+    dtype: torch.dtype,
+    fallback_ulps: float,
+    factor: float = FACTOR,
+    noise_ulps: float = NOISE_ULPS,
+) -> Comparison:
+    """Apply the policy to one output; shape and dtype were checked already."""
+    shape = tuple(got.shape)
+    n = shape[-1] if shape else 1
+    g = got.detach().to(torch.float64).reshape(-1, n)
+    e = eager.detach().to(torch.float64).reshape(-1, n)
+    o = oracle.detach().to(torch.float64).reshape(-1, n)
+    rows = g.shape[0]
+    if g.numel() == 0:
+        return Comparison(name, True, "empty output", rows=0)
+
+    # 1. NaN / Inf parity against the oracle rounded to the output dtype
+    ref = o.to(dtype).to(torch.float64)
+    ref_finite = torch.isfinite(ref)
+    got_finite = torch.isfinite(g)
+    bad_nonfinite = ref_finite & ~got_finite
+    if bool(bad_nonfinite.any()):
+        idx = _unravel(int(bad_nonfinite.reshape(-1).nonzero()[0]), shape)
+        count = int(bad_nonfinite.sum())
+        return Comparison(
+            name, False,
+            f"{count} element(s) are NaN/Inf (or were never written) where the oracle is finite; first at {idx}",
+            rows=rows, worst_index=idx, worst_got=float(g.reshape(-1)[_flat(idx, shape)]),
+            worst_oracle=float(o.reshape(-1)[_flat(idx, shape)]), max_abs_err=math.inf, max_ulp_err=math.inf,
+        )
+    mismatch = ~ref_finite & ~((g == ref) | (torch.isnan(g) & torch.isnan(ref)))
+    if bool(mismatch.any()):
+        idx = _unravel(int(mismatch.reshape(-1).nonzero()[0]), shape)
+        return Comparison(
+            name, False, f"oracle is non-finite at {idx} but the output differs there",
+            rows=rows, worst_index=idx, worst_got=float(g.reshape(-1)[_flat(idx, shape)]),
+            worst_oracle=float(ref.reshape(-1)[_flat(idx, shape)]),
+        )
+
+    # 2. errors on the finite part
+    zero = torch.zeros((), dtype=torch.float64, device=g.device)
+    err_g = torch.where(ref_finite, (g - o).abs(), zero)
+    eager_finite_row = (torch.isfinite(e) | ~ref_finite).all(dim=1)
+    err_e = torch.where(ref_finite, (e - o).abs(), zero)
+    err_e = torch.where(torch.isnan(err_e), torch.full_like(err_e, math.inf), err_e)
+    scale = torch.where(ref_finite, o.abs(), zero).amax(dim=1)
+    row_ulp = ulp(dtype, scale)
+    noise = noise_ulps * row_ulp + tiny(dtype)
+    fallback = fallback_ulps * row_ulp + tiny(dtype)
+
+    row_err_g = err_g.amax(dim=1)
+    row_err_e = err_e.amax(dim=1)
+    sane = eager_finite_row & (row_err_e <= fallback)
+    bound = torch.where(sane, factor * row_err_e.clamp_max(fallback) + noise, fallback)
+    failed = row_err_g > bound
+
+    elem_ulps = err_g / ulp(dtype, o)
+    eager_ulps = torch.where(torch.isfinite(err_e), err_e / ulp(dtype, o), zero)
+    # the worst row: failed rows first, then by how close to its bound
+    margin = row_err_g / bound
+    worst_row = int(margin.argmax())
+    worst_col = int(err_g[worst_row].argmax())
+    flat = worst_row * n + worst_col
+    idx = _unravel(flat, shape)
+    rel = (row_err_g / scale.clamp_min(tiny(dtype)))
+    eager_worst = float(row_err_e[worst_row])
+    cmp = Comparison(
+        output=name,
+        passed=not bool(failed.any()),
+        reason="",
+        max_abs_err=float(row_err_g.max()),
+        max_rel_err=float(rel.max()),
+        max_ulp_err=float(elem_ulps.max()),
+        eager_max_abs_err=float(torch.where(torch.isfinite(row_err_e), row_err_e, zero).max()),
+        eager_max_ulp_err=float(eager_ulps.max()),
+        ratio_to_eager=float(row_err_g[worst_row]) / eager_worst if eager_worst > 0 else (
+            0.0 if float(row_err_g[worst_row]) == 0 else math.inf),
+        yardstick="eager" if bool(sane[worst_row]) else "fallback",
+        rows=rows,
+        rows_failed=int(failed.sum()),
+        worst_index=idx,
+        worst_got=float(g[worst_row, worst_col]),
+        worst_oracle=float(o[worst_row, worst_col]),
+        worst_eager=float(e[worst_row, worst_col]),
+        worst_bound=float(bound[worst_row]),
+        ulp_histogram=_histogram(elem_ulps.reshape(-1)),
+    )
+    if cmp.passed:
+        cmp.reason = "within bound"
+    else:
+        how = (f"{factor:g} x eager's error {eager_worst:.3g} + {noise_ulps:g} ulp"
+               if cmp.yardstick == "eager" else
+               f"the dtype bound of {fallback_ulps:g} ulp (eager is non-finite or far off here)")
+        cmp.reason = (
+            f"{cmp.rows_failed}/{rows} rows exceed the bound; worst at {idx}: got {cmp.worst_got:.6g}, "
+            f"oracle {cmp.worst_oracle:.6g}, eager {cmp.worst_eager:.6g}; row error "
+            f"{float(row_err_g[worst_row]):.3g} > bound {cmp.worst_bound:.3g} ({how})"
+        )
+    return cmp
+
+
+def _flat(idx: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, s in zip(idx, shape):
+        flat = flat * s + i
+    return flat
