@@ -156,14 +156,14 @@ def _marker() -> None:
     torch.cuda._sleep(64)  # a few hundred nanoseconds of "spin_kernel"
 
 
-def _profile(fn: Callable[[], Any]) -> LaunchCount:
+@contextlib.contextmanager
+def _profiled(count: LaunchCount) -> Iterator[None]:
     from torch.profiler import ProfilerActivity, profile
 
-    triton_names: list[str] = []
     torch.cuda.synchronize()
-    with triton_launch_hook(triton_names.append), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with triton_launch_hook(count.triton.append), profile(activities=[ProfilerActivity.CUDA]) as prof:
         _marker()
-        fn()
+        yield
         _marker()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if _is_device_event(e)]
@@ -174,9 +174,7 @@ def _profile(fn: Callable[[], Any]) -> LaunchCount:
         raise LaunchCountError(
             f"the profiler lost events: expected 2 marker kernels around the call, saw {len(marks)} "
             f"(all device events: {names})")
-    inner = names[marks[0] + 1: marks[1]]
-    count = LaunchCount(method="profiler", triton=triton_names)
-    for n in inner:
+    for n in names[marks[0] + 1: marks[1]]:
         low = n.lower()
         if "memcpy" in low:
             count.memcpy += 1
@@ -184,10 +182,9 @@ def _profile(fn: Callable[[], Any]) -> LaunchCount:
             count.memset += 1
         else:
             count.kernels.append(n)
-    missing = [t for t in triton_names if not any(t in k for k in count.kernels)]
+    missing = [t for t in count.triton if not any(t in k for k in count.kernels)]
     if missing:
         raise LaunchCountError(f"Triton launched {missing} but the profiler did not record them: {count.kernels}")
-    return count
 
 
 def _is_device_event(e: Any) -> bool:
@@ -199,19 +196,28 @@ def _is_device_event(e: Any) -> bool:
 # Public API
 # ---------------------------------------------------------------------------
 
-def count_launches(fn: Callable[..., Any], *args: Any, device: str, warmup: int = 1, **kwargs: Any) -> LaunchCount:
-    """Kernels launched by ``fn(*args, **kwargs)`` after ``warmup`` uncounted calls.
+@contextlib.contextmanager
+def recording(device: str) -> Iterator[LaunchCount]:
+    """Count the launches made inside the ``with`` block; the count is filled at exit.
 
     ``device`` is ``"cuda"`` (profiler, cross-checked with Triton's hooks) or
-    ``"cpu"`` (Triton's interpreter plus aten ops).
+    ``"cpu"`` (Triton's interpreter plus aten ops).  Warm up before entering.
     """
-    for _ in range(warmup):
-        fn(*args, **kwargs)
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        return _profile(lambda: fn(*args, **kwargs))
+        count = LaunchCount(method="profiler")
+        with _profiled(count):
+            yield count
+        return
     count = LaunchCount(method="interpreter")
     with _interpreter_and_aten(count.kernels.append):
-        fn(*args, **kwargs)
+        yield count
     count.triton = [k for k in count.kernels if not k.startswith("aten::")]
+
+
+def count_launches(fn: Callable[..., Any], *args: Any, device: str, warmup: int = 1, **kwargs: Any) -> LaunchCount:
+    """Kernels launched by ``fn(*args, **kwargs)`` after ``warmup`` uncounted calls."""
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    with recording(device) as count:
+        fn(*args, **kwargs)
     return count

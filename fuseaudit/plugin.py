@@ -8,7 +8,17 @@ Options (one prefix, ``--fuseaudit-``):
 ``--fuseaudit-device {auto,cpu,cuda}`` where kernels run; ``cpu`` turns on
                                       Triton's interpreter
 
-Fixtures: ``fuseaudit_device`` (session scope, so it works under ``@given``).
+Fixtures: ``fuseaudit_device`` (session scope, so it works under ``@given``)
+and ``fuseaudit_launches``, which counts the kernels launched inside a
+``with`` block.  The marker ``@pytest.mark.fused(launches=1)`` makes the test
+fail, listing the kernels, when any block it counted launched another number::
+
+    @pytest.mark.fused(launches=1)
+    def test_my_kernel(fuseaudit_launches):
+        x = torch.randn(8, 4096, device="cuda")
+        my_fused_op(x)                 # warm-up: compilation is not counted
+        with fuseaudit_launches:
+            my_fused_op(x)
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import os
 import pytest
 
 from . import profiles
+from .launches import LaunchCount, recording
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fuseaudit_gpu: needs a CUDA device; skipped with a reason otherwise")
+    config.addinivalue_line(
+        "markers", "fused(launches=1): every block counted by the fuseaudit_launches fixture must launch exactly "
+        "this many kernels")
     profiles.register()
     profile = config.getoption("--fuseaudit-profile") or os.environ.get("FUSEAUDIT_PROFILE")
     if profile:
@@ -56,3 +70,47 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def fuseaudit_device(pytestconfig: pytest.Config) -> str:
     """``"cuda"`` or ``"cpu"`` (with Triton's interpreter on)."""
     return pytestconfig._fuseaudit_device  # type: ignore[attr-defined]
+
+
+class LaunchRecorder:
+    """Counts kernels launched inside ``with recorder:`` blocks (warm up first)."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.counts: list[LaunchCount] = []
+        self._active: list = []
+
+    def __enter__(self) -> LaunchCount:
+        cm = recording(self.device)
+        count = cm.__enter__()
+        self._active.append((cm, count))
+        return count
+
+    def __exit__(self, *exc: object) -> None:
+        cm, count = self._active.pop()
+        cm.__exit__(*exc)
+        self.counts.append(count)
+
+
+@pytest.fixture
+def fuseaudit_launches(fuseaudit_device: str) -> LaunchRecorder:
+    """A :class:`LaunchRecorder` on the session's device."""
+    return LaunchRecorder(fuseaudit_device)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield
+    marker = item.get_closest_marker("fused")
+    if marker is None:
+        return result
+    expected = marker.kwargs.get("launches", marker.args[0] if marker.args else 1)
+    recorder = getattr(item, "funcargs", {}).get("fuseaudit_launches")
+    if recorder is None or not recorder.counts:
+        pytest.fail("marked @pytest.mark.fused but no launches were counted: "
+                    "use the fuseaudit_launches fixture as `with fuseaudit_launches: ...`", pytrace=False)
+    for i, count in enumerate(recorder.counts):
+        if count.count != expected:
+            pytest.fail(f"expected {expected} launch(es) per fused call, block {i + 1} launched {count.describe()}",
+                        pytrace=False)
+    return result

@@ -1,0 +1,85 @@
+"""Launch counting: every reference kernel is one launch; eager is counted beside it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fuseaudit.case import materialize
+from fuseaudit.catalog import OPS
+from fuseaudit.launches import count_launches
+from fuseaudit.strategies import cases
+
+REFERENCE_OPS = [op for op in OPS.values() if op.reference]
+
+
+@pytest.mark.parametrize("spec", REFERENCE_OPS, ids=[op.name for op in REFERENCE_OPS])
+@settings(max_examples=4, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_reference_launches(spec, data, fuseaudit_device, record_property):
+    """Exactly the catalog's expected launches, on any layout; eager's count recorded beside it."""
+    case = data.draw(cases(spec), label="case")
+    inputs = materialize(case, fuseaudit_device)
+    args = [inputs[n] for n in spec.input_names]
+    fused = count_launches(spec.load_reference(), *args, device=fuseaudit_device, **case.params)
+    eager = count_launches(spec.eager, *args, device=fuseaudit_device, **case.params)
+    record_property(f"{spec.name}_eager_launches", eager.count)
+    assert fused.count == spec.launches, (
+        f"{spec.name}: expected {spec.launches} launch(es), got {fused.describe()} on {case.describe()}")
+    assert eager.count >= 1, f"eager {spec.name} launched nothing we could see: {eager.describe()}"
+
+
+def test_eager_compositions_are_counted(fuseaudit_device):
+    """The unfused residual_bias_gelu is add, add, gelu: three launches, named."""
+    spec = OPS["residual_bias_gelu"]
+    case = _fixed_case(spec)
+    inputs = materialize(case, fuseaudit_device)
+    count = count_launches(spec.eager, *(inputs[n] for n in spec.input_names), device=fuseaudit_device)
+    assert count.count == 3, count.describe()
+
+
+def _fixed_case(spec):
+    from fuseaudit.case import Case
+
+    return Case(spec.name, "float16", {"lead": (4, 3), "N": 257}, {}, "normal", {}, 0)
+
+
+MARKED_TESTS = """
+import pytest, torch
+from fuseaudit.catalog import OPS
+
+def _inputs():
+    return torch.randn(4, 64, dtype=torch.float16), torch.randn(4, 64, dtype=torch.float16), \\
+        torch.randn(64, dtype=torch.float16)
+
+@pytest.mark.fused(launches=1)
+def test_fused(fuseaudit_launches):
+    f, args = OPS["residual_bias_gelu"].load_reference(), _inputs()
+    f(*args)
+    with fuseaudit_launches:
+        f(*args)
+
+@pytest.mark.fused(launches=1)
+def test_fake_fusion(fuseaudit_launches):
+    f, args = OPS["residual_bias_gelu"].eager, _inputs()
+    with fuseaudit_launches:
+        f(*args)
+
+@pytest.mark.fused(launches=1)
+def test_forgot_fixture():
+    pass
+"""
+
+
+def test_fused_marker(pytester, fuseaudit_device):
+    """The marker passes a one-launch kernel and fails a three-launch one, naming the kernels."""
+    if fuseaudit_device != "cpu":
+        pytest.skip("the marker's CPU behaviour is tested here; on a GPU the property above covers it")
+    pytester.makepyfile(MARKED_TESTS)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--fuseaudit-device=cpu")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*expected 1 launch(es) per fused call, block 1 launched 3 kernel(s): aten::add, aten::add, aten::gelu*",
+        "*no launches were counted*",
+    ])
