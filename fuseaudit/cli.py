@@ -17,6 +17,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "ops": ("fuseaudit.cli_ops", "list the ops with their signatures"),
+    "launches": ("fuseaudit.cli_launches", "count kernels per call: reference, eager, torch.compile"),
     "audit": ("fuseaudit.audit", "check a kernel against an op on generated inputs"),
     "run": ("fuseaudit.runner", "audit every reference kernel (and built-in targets), then write the report"),
     "report": ("fuseaudit.report", "render the HTML report from stored results"),

@@ -27,6 +27,8 @@ initialisation launch nothing that is counted.
 from __future__ import annotations
 
 import contextlib
+import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -53,13 +55,34 @@ class LaunchCount:
         return len(self.kernels)
 
     def describe(self) -> str:
-        names = ", ".join(self.kernels) or "none"
+        names = ", ".join(short_name(k) for k in self.kernels) or "none"
         extra = f" (+{self.memcpy} memcpy, {self.memset} memset)" if self.memcpy or self.memset else ""
         return f"{self.count} kernel(s){extra}: {names}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"count": self.count, "kernels": self.kernels, "memcpy": self.memcpy, "memset": self.memset,
                 "method": self.method, "triton": self.triton}
+
+
+_FUNCTOR = re.compile(r"(CUDAFunctor_\w+|\w*Functor\w*|\w+_kernel\w*|\w+Kernel\w*)")
+
+
+def short_name(kernel: str) -> str:
+    """A readable kernel name: a C++ template's base name plus its telling functor.
+
+    ``void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDAKernelImpl(...)...>``
+    becomes ``vectorized_elementwise_kernel[GeluCUDAKernelImpl]``; ``...BinaryFunctor<..., MulFunctor<float>>``
+    becomes ``...[MulFunctor]``.
+    """
+    name = kernel.removeprefix("void ").strip()
+    if "<" not in name:
+        return name.split("(")[0].split("::")[-1]
+    base, _, rest = name.partition("<")
+    base = base.split("::")[-1]
+    found = [m for m in _FUNCTOR.findall(rest) if m != base]
+    functors = [m for m in found if "Functor" in m]
+    pick = functors[-1] if functors else found[0] if found else None  # the innermost functor says most
+    return f"{base}[{pick}]" if pick else base
 
 
 # ---------------------------------------------------------------------------
@@ -161,7 +184,9 @@ def _profiled(count: LaunchCount) -> Iterator[None]:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with triton_launch_hook(count.triton.append), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with warnings.catch_warnings(), triton_launch_hook(count.triton.append), \
+            profile(activities=[ProfilerActivity.CUDA]) as prof:
+        warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle"
         _marker()
         yield
         _marker()
