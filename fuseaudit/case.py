@@ -150,12 +150,13 @@ def _place(values: torch.Tensor, layout: str, device: str) -> torch.Tensor:
         buf[..., : shape[-1]] = values
         return buf.to(device)[..., : shape[-1]]
     if layout == "transposed":
-        if len(shape) == 1:  # a vector: every other element of a longer buffer
-            buf = torch.full((2 * shape[0],), SENTINEL, dtype=values.dtype)
-            buf[::2] = values
-            return buf.to(device)[::2]
-        # stored with the last two dims swapped: the last dim is not unit-stride
-        return values.transpose(-1, -2).contiguous().to(device).transpose(-1, -2)
+        if len(shape) >= 2 and shape[-2] > 1:
+            # stored with the last two dims swapped: the last dim is not unit-stride
+            return values.transpose(-1, -2).contiguous().to(device).transpose(-1, -2)
+        # a vector or a single row: every other element of a longer buffer
+        buf = torch.full((*shape[:-1], 2 * shape[-1]), SENTINEL, dtype=values.dtype)
+        buf[..., ::2] = values
+        return buf.to(device)[..., ::2]
     if layout == "expanded":
         # a stride-0 dim: one slice broadcast along dim 0 (values are made to match)
         return values.narrow(0, 0, 1).to(device).expand(shape)

@@ -1,0 +1,128 @@
+"""The harness itself: tolerance policy, layouts, cases and row addressing.
+
+These pin down behaviour the property suites rely on: a policy that passed
+zeros or NaN, or layouts that were secretly contiguous, would make every other
+test meaningless.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuseaudit.case import LAYOUTS, Case, materialize
+from fuseaudit.catalog import OPS
+from fuseaudit.check import storage_bytes
+from fuseaudit.strategies import cases
+from fuseaudit.tolerance import compare, ulp
+
+
+def _softmax_rows(n: int, dtype: torch.dtype):
+    x = torch.randn(4, n, generator=torch.Generator().manual_seed(0)).to(dtype)
+    oracle = torch.softmax(x.double(), dim=-1)
+    eager = torch.softmax(x, dim=-1)
+    return oracle, eager
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_eager_itself_passes(dtype):
+    oracle, eager = _softmax_rows(1000, dtype)
+    assert compare("y", eager, eager, oracle, dtype=dtype, fallback_ulps=16).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_tiny_outputs_returned_as_zeros_fail(dtype):
+    oracle, eager = _softmax_rows(100_000, dtype)  # outputs around 1e-5
+    cmp = compare("y", torch.zeros_like(eager), eager, oracle, dtype=dtype, fallback_ulps=16)
+    assert not cmp.passed and cmp.rows_failed == 4
+
+
+def test_one_ulp_off_in_float16_passes_but_a_few_percent_fails():
+    oracle, eager = _softmax_rows(257, torch.float16)
+    nudged = (eager.float() + ulp(torch.float16, eager.double()).float()).half()
+    assert compare("y", nudged, eager, oracle, dtype=torch.float16, fallback_ulps=16).passed
+    assert not compare("y", eager * 1.03, eager, oracle, dtype=torch.float16, fallback_ulps=16).passed
+
+
+def test_nan_is_never_a_wildcard():
+    oracle, eager = _softmax_rows(64, torch.float32)
+    got = eager.clone()
+    got[2, 5] = math.nan
+    cmp = compare("y", got, eager, oracle, dtype=torch.float32, fallback_ulps=16)
+    assert not cmp.passed and cmp.worst_index == (2, 5)
+    # and the reverse: a finite value where the oracle is NaN
+    oracle_nan = oracle.clone()
+    oracle_nan[1, 1] = math.nan
+    assert not compare("y", eager, eager, oracle_nan, dtype=torch.float32, fallback_ulps=16).passed
+
+
+def test_broken_yardstick_falls_back_to_the_dtype_bound():
+    oracle, eager = _softmax_rows(64, torch.float16)
+    broken = torch.full_like(eager, math.inf)
+    # a correct kernel passes against the fallback bound ...
+    ok = compare("y", eager, broken, oracle, dtype=torch.float16, fallback_ulps=16)
+    assert ok.passed and ok.yardstick == "fallback"
+    # ... and a wrong one is not let through by the broken yardstick
+    assert not compare("y", eager * 1.05, broken, oracle, dtype=torch.float16, fallback_ulps=16).passed
+
+
+def test_near_constant_rows_are_judged_against_eager_not_a_fixed_atol():
+    # layer_norm of a near-constant row: the output is O(1) noise that eager
+    # computes with a real error; a kernel as good as eager passes.
+    x = (5 + 1e-3 * torch.randn(8, 512, generator=torch.Generator().manual_seed(1))).half()
+    w, b = torch.ones(512, dtype=torch.half), torch.zeros(512, dtype=torch.half)
+    oracle = torch.nn.functional.layer_norm(x.double(), (512,), w.double(), b.double(), 1e-5)
+    eager = torch.nn.functional.layer_norm(x, (512,), w, b, 1e-5)
+    assert compare("y", eager, eager, oracle, dtype=torch.float16, fallback_ulps=16).passed
+
+
+@given(cases(OPS["add_layer_norm"]))
+def test_layouts_are_what_they_claim(case):
+    inputs = materialize(case)
+    for name, t in inputs.items():
+        layout = case.layouts[name]
+        if layout == "padded":
+            assert t.dim() == 1 or t.stride(-2) > t.shape[-1] or t.shape[-2] == 1
+        elif layout == "transposed":
+            assert t.shape[-1] == 1 or t.stride(-1) != 1
+        elif layout == "expanded":
+            assert t.shape[0] == 1 or t.stride(0) == 0
+        elif layout == "offset":
+            assert t.storage_offset() > 0
+        else:
+            assert t.is_contiguous()
+        assert t.shape == case.shapes()[name]
+
+
+@given(cases(OPS["rms_norm"]))
+def test_cases_replay_bit_for_bit(case):
+    again = Case.from_json(case.to_json())
+    assert again == case
+    a, b = materialize(case), materialize(again)
+    for name in a:
+        assert torch.equal(storage_bytes(a[name]), storage_bytes(b[name]))
+        assert a[name].stride() == b[name].stride()
+
+
+@given(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS), st.lists(st.integers(1, 5), min_size=0, max_size=4))
+def test_row_layout_addresses_every_row(lay_x, lay_r, lead):
+    from fuseaudit.kernels._rows import row_layout
+
+    case = Case("add_rms_norm", "float32", {"lead": tuple(lead), "N": 6}, {"x": lay_x, "residual": lay_r},
+                "normal", {}, 0)
+    inputs = materialize(case)
+    x, r = inputs["x"], inputs["residual"]
+    layout = row_layout(x.shape, x, r)
+    d0, d1, d2 = layout.dims
+    assert d0 * d1 * d2 == layout.rows == math.prod(lead)
+    for t, (s0, s1, s2, sn) in zip((x, r), layout.strides):
+        flat = t.reshape(-1, 6)
+        for row in range(layout.rows):
+            i0, i1, i2 = row // (d1 * d2), (row // d2) % d1, row % d2
+            off = t.storage_offset() + i0 * s0 + i1 * s1 + i2 * s2
+            got = torch.as_strided(t, (6,), (sn,), off)
+            assert torch.equal(got.nan_to_num(), flat[row].nan_to_num())
