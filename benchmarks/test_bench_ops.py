@@ -1,0 +1,91 @@
+"""Every op, a small sweep, our reference kernel against eager and torch.compile, through pytest-benchmark.
+
+Each benchmark times one call with CUDA events (``CudaEventClock``) in
+``benchmark.pedantic``, the L2 flushed before every round (``setup``), so the
+statistics pytest-benchmark stores and compares are device time.  Our own
+figures go into ``extra_info``: GB/s and % of the measured copy bandwidth,
+TFLOP/s, launches, the allocator peak, the eager temporaries fusion avoids,
+NVML energy over the rounds.  Compare runs with ``pytest-benchmark compare``
+or ``fuseaudit compare``.  Without a GPU every benchmark skips with a reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from fuseaudit import nvml
+from fuseaudit.benchjson import clean
+from fuseaudit.catalog import OPS
+from fuseaudit.contenders import Contender, ContenderUnavailable, build
+from fuseaudit.launches import count_launches
+from fuseaudit.measure import figures, peak_memory
+from fuseaudit.sweep import Point, bench_inputs, default_points
+from fuseaudit.timing import CudaEventClock, flush_l2
+
+ROUNDS = 50
+WARMUP_ROUNDS = 5
+HOLD_US = 50.0  # GPU held busy after each flush while the host enqueues the call
+CLOCK = CudaEventClock()
+
+# (rows, hidden) of every row op, and two attention points: prefill and grouped-query decode
+ROW_POINTS = ((1024, 4096), (16384, 8192))
+CONTENDERS = {"reference": Contender("reference", "fused"), "eager": Contender("eager", "eager"),
+              "compile": Contender("compile", "compile")}
+
+pytestmark = pytest.mark.benchmark(timer=CLOCK, disable_gc=True, min_rounds=ROUNDS)
+
+
+def _points() -> list[Point]:
+    points: list[Point] = []
+    for spec in OPS.values():
+        if spec.family == "attention":
+            quick = default_points(spec, quick=True)
+            points += [p for p in quick if p.label in ("B=4 H=32 S=4096 D=128", "decode B=8 H=32/8 Sk=4096 D=128")]
+        else:
+            rows, hidden = zip(*ROW_POINTS)
+            points += [p for p in default_points(spec, rows=sorted(set(rows)), hidden=sorted(set(hidden)),
+                                                 dtypes=["bfloat16"])
+                       if (p.case.dims["lead"][0], p.case.dims["N"]) in ROW_POINTS]
+    return points
+
+
+# keyed by a plain string, so pytest-benchmark's params stay readable JSON
+POINTS = {f"{p.op}-{p.dtype}-{p.label.replace(' ', '_')}": p for p in _points()}
+
+
+@pytest.mark.parametrize("impl", list(CONTENDERS))
+@pytest.mark.parametrize("point_id", list(POINTS))
+def test_op(bench_device: torch.device, copy_gbps: float, benchmark: Any, point_id: str, impl: str) -> None:
+    point = POINTS[point_id]
+    spec = OPS[point.op]
+    inputs = bench_inputs(point.case, bench_device)
+    try:
+        built = build(CONTENDERS[impl], spec, point, inputs)
+    except ContenderUnavailable as exc:
+        pytest.skip(f"{impl} cannot run {point.op} at {point.label}: {exc}")
+    benchmark.group = f"{spec.name} {point.label} {point.dtype}"
+    memory = peak_memory(built.call, device=bench_device)
+    try:  # a count the profiler cannot vouch for is recorded, not a failed benchmark
+        launches: dict[str, Any] = count_launches(built.call, device="cuda", warmup=1).to_dict()
+    except Exception as exc:
+        launches = {"error": f"{type(exc).__name__}: {exc}"}
+
+    CLOCK.reset()
+    with nvml.sample(nvml.nvml_index(bench_device.index)) as energy:
+        benchmark.pedantic(built.call, setup=lambda: flush_l2(bench_device, hold_us=HOLD_US), rounds=ROUNDS,
+                           warmup_rounds=WARMUP_ROUNDS, iterations=1)
+        torch.cuda.synchronize(bench_device)
+    if benchmark.stats is None:  # --benchmark-disable: one plain call, nothing timed
+        return
+    median_us = benchmark.stats.stats.median * 1e6
+    benchmark.extra_info.update(clean({
+        "op": spec.name, "impl": impl, "point": point.label, "dtype": point.dtype, "params": point.params,
+        "timer": "cuda_event", "l2_flush": True, "first_call_s": built.first_call_s,
+        **figures(spec, point, median_us=median_us, copy_gbps=copy_gbps, role=CONTENDERS[impl].role),
+        "launches": launches, "memory": memory,
+        "input_bytes": sum(t.untyped_storage().nbytes() for t in inputs.values()),
+        "nvml": energy,
+    }))
