@@ -59,6 +59,12 @@ class OpSpec:
     # matrix per head).  The bytes fusion avoids.
     eager_temporaries: float
     oracle_fn: Callable[..., Any] | None = None
+    # Where the op's arithmetic is conditioned (tolerance.py): "output" (the
+    # output's own magnitude), "inputs" (sum of the inputs' magnitudes: the
+    # sums of bias-activation ops cancel), "v" (attention: an average of v).
+    error_scale_of: str = "output"
+    # Length of the op's float32 reductions: "none" (pointwise), "row" (N), "attention" (Sk + D).
+    reduction: str = "none"
     launches: int = 1
     regimes: tuple[str, ...] = ("normal", "large", "outliers", "zeros", "near_constant", "shifted")
     flops_per_element: float = 1.0
@@ -90,6 +96,27 @@ class OpSpec:
         wide = {n: t.to(torch.float64) for n, t in inputs.items()}
         fn = self.oracle_fn or (lambda *a, dtype, **kw: self.eager(*a, **kw))
         return as_tuple(fn(*(wide[n] for n in self.input_names), dtype=dtype, **params))
+
+    def error_scale(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Per-element magnitude at which the op's arithmetic is conditioned (tolerance.py).
+
+        ``None`` means the output's own magnitude.
+        """
+        if self.error_scale_of == "v":
+            v = inputs["v"].detach().double().abs().nan_to_num()
+            per_head = v.amax(dim=(-2, -1), keepdim=True)  # (B, Hkv, 1, 1)
+            return per_head.repeat_interleave(inputs["q"].shape[1] // v.shape[1], dim=1)
+        if self.error_scale_of == "inputs":  # x (+ residual) + bias is rounded at the inputs' magnitude
+            return sum(t.detach().double().abs().nan_to_num() for t in inputs.values())
+        return None
+
+    def reduction_length(self, shapes: dict[str, tuple[int, ...]]) -> int:
+        """Length of the op's float32 reductions: 1 pointwise, N norms/softmax, Sk + D attention."""
+        if self.reduction == "attention":
+            return shapes["k"][2] + shapes["k"][3]
+        if self.reduction == "row":
+            return shapes[self.inputs[0].name][-1]
+        return 1
 
     def load_reference(self) -> Callable[..., Any] | None:
         from .targets import load_target
@@ -229,13 +256,16 @@ OPS: dict[str, OpSpec] = {
     for op in [
         _op("bias_gelu", "rows", [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_gelu,
             'F.gelu(x + bias, approximate=...)', "bias_act", params=[_APPROX],
-            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=20),
+            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=20,
+            error_scale_of="inputs"),
         _op("bias_silu", "rows", [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_silu,
             "F.silu(x + bias)", "bias_act",
-            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=6),
+            fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=6,
+            error_scale_of="inputs"),
         _op("residual_bias_gelu", "rows", [("x", ROWS), ("residual", ROWS), ("bias", VECTOR)], ("y",),
             _residual_bias_gelu, "F.gelu(x + residual + bias)", "bias_act",
-            fallback_ulps=8, eager_temporaries=2, regimes=_POINTWISE_REGIMES, flops_per_element=21),
+            fallback_ulps=8, eager_temporaries=2, regimes=_POINTWISE_REGIMES, flops_per_element=21,
+            error_scale_of="inputs"),
         _op("swiglu", "rows", [("gate", ROWS), ("up", ROWS)], ("y",), _swiglu,
             "F.silu(gate) * up", "gated",
             fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=6),
@@ -245,28 +275,29 @@ OPS: dict[str, OpSpec] = {
         _op("rms_norm", "rows", [("x", ROWS), ("weight", VECTOR)], ("y",), _rms_norm,
             "F.rms_norm(x, (N,), weight, eps)", "rms_norm",
             params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
-            flops_per_element=4),
+            flops_per_element=4, reduction="row"),
         _op("add_rms_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR)], ("y", "h"),
             _add_rms_norm, "h = x + residual; (F.rms_norm(h, (N,), weight, eps), h)", "rms_norm",
             params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
-            oracle_fn=_add_norm_oracle(_rms_norm), flops_per_element=5),
+            oracle_fn=_add_norm_oracle(_rms_norm), flops_per_element=5, reduction="row"),
         _op("layer_norm", "rows", [("x", ROWS), ("weight", VECTOR), ("bias", VECTOR)], ("y",),
             _layer_norm, "F.layer_norm(x, (N,), weight, bias, eps)", "layer_norm",
             params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16, eager_temporaries=0,
-            flops_per_element=8),
+            flops_per_element=8, reduction="row"),
         _op("add_layer_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR), ("bias", VECTOR)],
             ("y", "h"), _add_layer_norm, "h = x + residual; (F.layer_norm(h, (N,), weight, bias, eps), h)",
             "layer_norm", params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16,
-            eager_temporaries=0, oracle_fn=_add_norm_oracle(_layer_norm), flops_per_element=9),
+            eager_temporaries=0, oracle_fn=_add_norm_oracle(_layer_norm), flops_per_element=9, reduction="row"),
         _op("softmax", "rows", [("x", ROWS)], ("y",), _softmax,
             "torch.softmax(x * scale, dim=-1)", "softmax",
             params=[Param("scale", 1.0, (1.0, 0.125, 2.0, 0.08838834764831845))],
-            fallback_ulps=16, eager_temporaries=1, flops_per_element=5),
+            fallback_ulps=16, eager_temporaries=1, flops_per_element=5, reduction="row"),
         _op("attention", "attention", [("q", Q), ("k", KV), ("v", KV)], ("y",), _attention,
             "F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale); "
             "k, v may have fewer heads (grouped-query); causal top-left aligned", "attention",
             params=[Param("causal", False, (False, True)), Param("scale", None, (None, 0.1))],
-            fallback_ulps=64, eager_temporaries=2, regimes=_ATTN_REGIMES),
+            fallback_ulps=64, eager_temporaries=2, regimes=_ATTN_REGIMES,
+            error_scale_of="v", reduction="attention"),
     ]
 }
 

@@ -1,4 +1,11 @@
-"""Resolving audit targets: ``package.module:function`` or ``path/file.py:function``."""
+"""Resolving audit targets.
+
+A target is ``package.module:function``, ``path/to/file.py:function`` or a
+built-in third-party target ``builtin:NAME`` (``torch.compile`` of the op's
+eager composition, SDPA pinned to one backend: see
+:mod:`fuseaudit.builtin_targets`).  Built-in targets are made for one op, so
+:func:`load_target` needs ``op`` for them.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +15,27 @@ import pathlib
 import sys
 from typing import Any, Callable
 
+BUILTIN_PREFIX = "builtin:"
 
-def load_target(spec: str) -> Callable[..., Any]:
-    """Import ``package.module:function`` or ``path/to/file.py:function``.
+
+def is_builtin(spec: str) -> bool:
+    """True for a ``builtin:NAME`` target."""
+    return spec.startswith(BUILTIN_PREFIX)
+
+
+def load_target(spec: str, *, op: str | None = None) -> Callable[..., Any]:
+    """Import ``package.module:function`` or ``path/to/file.py:function``, or make ``builtin:NAME`` for ``op``.
 
     Raises :class:`TargetError` with one clear line for anything that does
     not resolve to a callable.
     """
+    if is_builtin(spec):
+        from .builtin_targets import load_builtin
+
+        return load_builtin(spec, op=op)
     if ":" not in spec:
-        raise TargetError(f"target {spec!r} must be 'package.module:function' or 'path/file.py:function'")
+        raise TargetError(
+            f"target {spec!r} must be 'package.module:function', 'path/file.py:function' or 'builtin:NAME'")
     mod_name, _, attr = spec.rpartition(":")
     try:
         if mod_name.endswith(".py"):

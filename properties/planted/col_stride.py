@@ -1,0 +1,31 @@
+"""Bug: the column stride is assumed to be 1 (a transposed input is read along the wrong axis)."""
+
+import torch
+import triton
+import triton.language as tl
+from _planted_rows import leading, row_start
+
+
+@triton.jit
+def swiglu_cols_kernel(g_ptr, u_ptr, y_ptr, N,
+                       gD1, gD2, gS0, gS1, gS2,
+                       uD1, uD2, uS0, uS1, uS2,
+                       BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    g = tl.load(g_ptr + row_start(row, gD1, gD2, gS0, gS1, gS2) + cols, mask=mask).to(tl.float32)  # BUG: stride 1
+    u = tl.load(u_ptr + row_start(row, uD1, uD2, uS0, uS1, uS2) + cols, mask=mask).to(tl.float32)  # BUG: stride 1
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(y_ptr + row.to(tl.int64) * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def swiglu(gate, up):
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    n = gate.shape[-1]
+    if y.numel() == 0:
+        return y
+    block = min(1024, triton.next_power_of_2(n))
+    grid = (y.numel() // n, triton.cdiv(n, block))
+    swiglu_cols_kernel[grid](gate, up, y, n, *leading(gate), *leading(up), BLOCK=block)
+    return y

@@ -1,0 +1,253 @@
+"""``fuseaudit audit`` against planted bugs, correct kernels, misbehaving processes and bad usage.
+
+Every planted bug (``properties/planted/``) must fail the property that
+catches its bug class, with a minimal case and a replay command; every
+correct kernel must pass.  Most audits run in-process (``isolate=False``:
+the same worker code, without a child process) to stay fast on two CPU
+cores; the isolation tests and the command-line tests start real processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuseaudit import audit as audit_cli
+from fuseaudit.audit import AuditUsageError, audit
+from fuseaudit.audit_result import FAIL, PASS
+from fuseaudit.builtin_targets import available_targets, builtin_target
+from fuseaudit.case import Case
+
+PLANTED = Path(__file__).parent / "planted"
+EXAMPLES = 8
+
+
+def planted(name: str) -> str:
+    return f"{PLANTED / name.split(':')[0]}:{name.split(':')[1]}"
+
+
+def run(op: str, target: str, **kw):
+    options = {"examples": EXAMPLES, "seed": 0, "device": "cpu", "profile": "ci", "isolate": False,
+               "shrink_time": 5.0, **kw}
+    return audit(op, planted(target), **options)
+
+
+def minimal(result, prop: str) -> Case:
+    """The case shown for a failed property, with the checks every failure must pass."""
+    verdict = result.verdicts[prop]
+    assert verdict.status == FAIL, result.render()
+    first = verdict.failures[0]
+    assert first.message and first.describe
+    assert first.replay and "--case" in first.replay and f"audit {result.op} " in first.replay
+    return Case.from_json(first.case)
+
+
+# ---------------------------------------------------------------------------
+# Planted bugs: the right property fails, with a minimal case and a replay
+# ---------------------------------------------------------------------------
+
+BUGS = [
+    # (op, target, property that must fail, check on the case shown)
+    ("swiglu", "row_stride.py:swiglu", "numerics",
+     lambda c: any(lay != "contiguous" for lay in c.layouts.values())),
+    ("swiglu", "col_stride.py:swiglu", "numerics", lambda c: "transposed" in c.layouts.values()),
+    ("swiglu", "tail_mask.py:swiglu", "numerics", lambda c: c.dims["N"] % 256 != 0),
+    ("rms_norm", "half_accum.py:rms_norm", "numerics", lambda c: c.dtype == "float16"),
+    ("rms_norm", "eps_misplaced.py:rms_norm", "numerics", None),
+    ("bias_gelu", "inplace.py:bias_gelu", "inputs_unchanged", None),
+    ("softmax", "wrong_dtype.py:softmax", "contract", lambda c: c.dtype != "float32"),
+    ("softmax", "softmax_zeros.py:softmax", "numerics", None),
+    ("attention", "attention_causal.py:attention", "numerics",
+     lambda c: c.params["causal"] and c.dims["Sq"] != c.dims["Sk"]),
+    ("attention", "attention_gqa.py:attention", "numerics",
+     lambda c: c.dims["Hkv"] > 1 and c.dims["H"] > c.dims["Hkv"]),
+    ("attention", "attention_online.py:no_rescale", "numerics", lambda c: c.dims["Sk"] > 16),
+]
+
+
+@pytest.mark.parametrize(("op", "target", "prop", "check"), BUGS, ids=[b[1].split(":")[0] for b in BUGS])
+def test_planted_bug_fails_its_property(op, target, prop, check):
+    result = run(op, target)
+    assert result.exit_code == 1
+    case = minimal(result, prop)
+    assert case.op == op
+    if check is not None:
+        assert check(case), f"{prop} failed on a case that does not show the bug: {case.describe()}"
+    assert result.verdicts["runs"].status == PASS, result.render()  # none of them raises
+    text = result.render()
+    assert f"{prop:<17} FAIL" in text and "replay:" in text and case.describe() in text
+
+
+def test_fake_fusion_fails_launches_only():
+    result = run("swiglu", "fake_fusion.py:swiglu", examples=4)
+    assert result.failed == ["launches"], result.render()
+    assert result.verdicts["launches"].detail["count"]["kernels"] == ["silu_kernel", "mul_kernel", "cast_kernel"]
+    assert "silu_kernel, mul_kernel, cast_kernel" in result.verdicts["launches"].summary
+    minimal(result, "launches")
+
+
+# ---------------------------------------------------------------------------
+# Correct kernels pass
+# ---------------------------------------------------------------------------
+
+def test_eager_composition_passes():
+    result = run("bias_gelu", "correct.py:bias_gelu", launches=2)
+    assert result.exit_code == 0, result.render()
+    assert all(v.status == PASS for v in result.verdicts.values()), result.render()
+
+
+def test_correct_triton_kernel_passes():
+    result = run("swiglu", "correct_triton.py:swiglu", examples=6)
+    assert result.exit_code == 0, result.render()
+    assert result.verdicts["launches"].summary == "1 kernel(s): swiglu_kernel"
+
+
+def test_correct_tiled_attention_is_right_but_not_fused():
+    result = run("attention", "attention_online.py:rescaled", examples=6)
+    assert result.failed == ["launches"], result.render()
+
+
+def test_replay_runs_exactly_one_case_with_figures():
+    case = Case(op="swiglu", dtype="float32", dims={"lead": (2,), "N": 1},
+                layouts={"gate": "contiguous", "up": "padded"}, regime="normal", params={}, seed=0)
+    result = run("swiglu", "row_stride.py:swiglu", case=case.to_json())
+    assert result.mode == "replay" and result.examples_run == 0
+    assert result.verdicts["numerics"].cases == 1 and result.failed == ["numerics"]
+    assert Case.from_json(result.verdicts["numerics"].failures[0].case) == case
+    assert "comparison figures:" in result.render()
+    assert result.replay_report["comparisons"][0]["output"] == "y"
+
+
+# ---------------------------------------------------------------------------
+# Isolation: raises, hangs, segfaults are failures, and the audit goes on
+# ---------------------------------------------------------------------------
+
+def test_segfault_is_a_runs_failure_and_the_audit_goes_on():
+    result = run("bias_gelu", "misbehaving.py:segfaults_on_narrow_rows", isolate=True, launches=2)
+    case = minimal(result, "runs")
+    message = result.verdicts["runs"].summary
+    assert "SIGSEGV" in message and "misbehaving.py" in message, message
+    assert case.dims["N"] < 8
+    # a fresh child ran the remaining phases on cases that do not crash
+    assert result.verdicts["launches"].status == PASS
+    assert result.verdicts["determinism"].status == PASS
+    assert result.restarts == 1
+
+
+def test_hang_is_a_runs_failure_after_the_timeout():
+    result = run("bias_gelu", "misbehaving.py:hangs_on_narrow_rows", isolate=True, launches=2, timeout=3)
+    case = minimal(result, "runs")
+    message = result.verdicts["runs"].summary
+    assert "no progress for 3 s" in message and "hangs_on_narrow_rows" in message, message
+    assert case.dims["N"] < 8
+    assert result.verdicts["launches"].status == PASS
+
+
+def test_lost_cuda_context_is_a_runs_failure(monkeypatch):
+    # CPU stand-in for an illegal CUDA access: the worker treats the error as fatal on any device
+    from fuseaudit import _audit_worker as worker
+
+    def check_context(self, message):
+        if worker.is_cuda_fatal(message):
+            raise worker.ContextLost(message)
+
+    monkeypatch.setattr(worker.Worker, "_check_context", check_context)
+    result = run("bias_gelu", "misbehaving.py:illegal_access_on_half", launches=2)
+    case = minimal(result, "runs")
+    assert case.dtype in ("float16", "bfloat16")
+    assert result.verdicts["runs"].summary.startswith("the target made the CUDA context unusable in a call")
+    assert "illegal memory access" in result.verdicts["runs"].summary
+
+
+def test_cli_raising_target_is_shrunk_and_reported(tmp_path):
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fuseaudit.cli", "audit", "bias_gelu", planted("misbehaving.py:raises_above_64"),
+         "--device", "cpu", "--examples", "10", "--seed", "0", "--launches", "2", "--shrink-time", "10",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=150,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "runs              FAIL  raised ValueError: hidden size 65 is not supported" in proc.stdout
+    assert "case (minimal):" in proc.stdout and "replay:" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["exit_code"] == 1 and data["failed"] == ["runs"]
+    failure = data["properties"]["runs"]["failures"][0]
+    assert failure["source"] == "shrunk"
+    assert Case.from_json(failure["case"]).dims["N"] == 65  # Hypothesis shrank to the smallest width that raises
+    assert failure["replay"].count("--case") == 1
+    # the fixed cases of the later phases are wider than 64: they raise too, and say so
+    assert data["properties"]["launches"]["status"] == "SKIP"
+    assert "raised ValueError" in data["properties"]["launches"]["summary"]
+    assert data["environment"]["torch"] and data["environment"]["triton"] and data["elapsed_s"] > 0
+
+
+# ---------------------------------------------------------------------------
+# Bad usage: exit 2, one line on stderr
+# ---------------------------------------------------------------------------
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    audit_cli.add_arguments(parser)
+    return audit_cli.main(parser.parse_args(list(argv)))
+
+
+@pytest.mark.parametrize("argv", [
+    ("no_such_op", planted("correct.py:bias_gelu")),
+    ("bias_gelu", str(PLANTED / "missing.py") + ":f"),
+    ("bias_gelu", planted("correct.py:no_such_function"), "--in-process"),
+    ("bias_gelu", planted("misbehaving.py:wrong_signature"), "--in-process"),
+    ("bias_gelu", planted("correct.py:bias_gelu"), "--examples", "0"),
+    ("bias_gelu", planted("correct.py:bias_gelu"), "--dtypes", "float8"),
+    ("bias_gelu", planted("correct.py:bias_gelu"), "--head-dims", "64"),
+    ("bias_gelu", planted("correct.py:bias_gelu"), "--case", '{"op": "softmax"'),
+    ("softmax", planted("correct.py:bias_gelu"), "--case", Case(
+        op="bias_gelu", dtype="float32", dims={"lead": (1,), "N": 1}, layouts={}, params={}).to_json()),
+    ("attention", "builtin:sdpa-flash", "--device", "cpu"),
+], ids=["unknown-op", "missing-file", "missing-function", "wrong-signature", "examples-0", "bad-dtype",
+        "head-dims-not-attention", "bad-case-json", "case-of-another-op", "builtin-not-here"])
+def test_bad_usage_exits_2_with_one_line(argv, capsys):
+    assert cli(*argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fuseaudit audit: error: "), captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_wrong_signature_names_the_expected_one(capsys):
+    with pytest.raises(AuditUsageError, match=r"bias_gelu\(x, bias, approximate='none'\)"):
+        run("bias_gelu", "misbehaving.py:wrong_signature")
+
+
+def test_cli_subprocess_bad_option_exits_2():
+    proc = subprocess.run([sys.executable, "-m", "fuseaudit.cli", "audit", "no_such_op", "x.py:f"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1 and "unknown op" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Built-in targets
+# ---------------------------------------------------------------------------
+
+def test_builtin_targets_available_on_cpu():
+    here = available_targets("attention", "cpu")
+    assert "builtin:sdpa-math" in here and "builtin:sdpa-flash" not in here
+    assert "builtin:sdpa-math" not in available_targets("rms_norm", "cpu")
+    assert builtin_target("builtin:sdpa-flash").dtypes == ("bfloat16", "float16")
+    assert "needs cuda" in builtin_target("builtin:sdpa-cudnn").unavailable("attention", "cpu")
+
+
+def test_builtin_sdpa_math_matches_on_one_case():
+    case = Case(op="attention", dtype="float32", dims={"B": 1, "H": 4, "Hkv": 2, "Sq": 5, "Sk": 9, "D": 16},
+                layouts={"q": "contiguous", "k": "padded", "v": "contiguous"}, params={"causal": True, "scale": None})
+    result = audit("attention", "builtin:sdpa-math", case=case, device="cpu", isolate=False)
+    assert result.exit_code == 0, result.render()
+    assert result.verdicts["launches"].status == "SKIP"  # the unfused baseline: counted, not judged
+    assert result.verdicts["launches"].detail["count"]["count"] > 1
