@@ -61,9 +61,12 @@ class OpSpec:
     oracle_fn: Callable[..., Any] | None = None
     # Where the op's arithmetic is conditioned (tolerance.py): "output" (the
     # output's own magnitude), "inputs" (sum of the inputs' magnitudes: the
-    # sums of bias-activation ops cancel), "v" (attention: an average of v).
+    # sums of bias-activation ops cancel), "centred" (layer_norm: x - mean
+    # cancels on near-constant rows, then is amplified by 1/std), "logits"
+    # (softmax: x * scale is rounded at its own magnitude), "v" (attention:
+    # an average of v).  See float32_scale.
     error_scale_of: str = "output"
-    # Length of the op's float32 reductions: "none" (pointwise), "row" (N), "attention" (Sk + D).
+    # Length of the op's float32 reductions: "none" (pointwise) or "row" (N).
     reduction: str = "none"
     launches: int = 1
     regimes: tuple[str, ...] = ("normal", "large", "outliers", "zeros", "near_constant", "shifted")
@@ -97,26 +100,36 @@ class OpSpec:
         fn = self.oracle_fn or (lambda *a, dtype, **kw: self.eager(*a, **kw))
         return as_tuple(fn(*(wide[n] for n in self.input_names), dtype=dtype, **params))
 
-    def error_scale(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """Per-element magnitude at which the op's arithmetic is conditioned (tolerance.py).
+    def float32_scale(self, inputs: dict[str, torch.Tensor], params: dict[str, Any],
+                      oracle: torch.Tensor) -> torch.Tensor:
+        """Magnitude ``s`` whose float32 ulp bounds the error no float32 kernel can avoid.
 
-        ``None`` means the output's own magnitude.
+        A first-order error analysis per op (tolerance.py explains the policy);
+        ``oracle`` is the float64 main output ``y``.
         """
-        if self.error_scale_of == "v":
-            v = inputs["v"].detach().double().abs().nan_to_num()
-            per_head = v.amax(dim=(-2, -1), keepdim=True)  # (B, Hkv, 1, 1)
-            return per_head.repeat_interleave(inputs["q"].shape[1] // v.shape[1], dim=1)
-        if self.error_scale_of == "inputs":  # x (+ residual) + bias is rounded at the inputs' magnitude
-            return sum(t.detach().double().abs().nan_to_num() for t in inputs.values())
-        return None
-
-    def reduction_length(self, shapes: dict[str, tuple[int, ...]]) -> int:
-        """Length of the op's float32 reductions: 1 pointwise, N norms/softmax, Sk + D attention."""
-        if self.reduction == "attention":
-            return shapes["k"][2] + shapes["k"][3]
-        if self.reduction == "row":
-            return shapes[self.inputs[0].name][-1]
-        return 1
+        y = oracle.detach().abs().nan_to_num()
+        wide = {n: t.detach().double().nan_to_num() for n, t in inputs.items()}
+        kind = self.error_scale_of
+        if kind == "inputs":  # x (+ residual) + bias rounds at the inputs' magnitude, then the slope (<= 1.13)
+            return 2 * sum(t.abs() for t in wide.values())
+        if kind == "centred":  # layer_norm: the mean's rounding error, amplified by 1 / std
+            h = wide["x"] + wide["residual"] if "residual" in wide else wide["x"]
+            std = torch.sqrt(h.var(dim=-1, unbiased=False, keepdim=True) + params.get("eps", 1e-5))
+            amplified = h.abs().amax(dim=-1, keepdim=True) / std * wide["weight"].abs()
+            return math.sqrt(h.shape[-1]) * amplified + 2 * y
+        if kind == "logits":  # softmax: dy_i ~ y_i * (|dz| + the sum's error), |dz| ~ ulp(|z|)
+            z = (wide["x"] * params.get("scale", 1.0)).abs().amax(dim=-1, keepdim=True)
+            return (2 * math.sqrt(wide["x"].shape[-1]) + 2 * z) * y
+        if kind == "v":  # attention: an average of v rows; logits rounded at |q||k| * scale
+            q, k, v = wide["q"], wide["k"], wide["v"]
+            groups = q.shape[1] // k.shape[1]
+            scale = params.get("scale") or 1 / math.sqrt(q.shape[-1])
+            k_norm = k.norm(dim=-1).amax(dim=-1).repeat_interleave(groups, dim=1)  # (B, H)
+            z = (q.norm(dim=-1) * k_norm[..., None] * scale).unsqueeze(-1)  # (B, H, Sq, 1)
+            v_max = v.abs().amax(dim=(-2, -1), keepdim=True).repeat_interleave(groups, dim=1)
+            return (2 * math.sqrt(k.shape[2] + k.shape[3]) + 2 * z) * v_max
+        n = oracle.shape[-1] if self.reduction == "row" and oracle.dim() else 1
+        return 2 * math.sqrt(n) * y
 
     def load_reference(self) -> Callable[..., Any] | None:
         from .targets import load_target
@@ -283,21 +296,23 @@ OPS: dict[str, OpSpec] = {
         _op("layer_norm", "rows", [("x", ROWS), ("weight", VECTOR), ("bias", VECTOR)], ("y",),
             _layer_norm, "F.layer_norm(x, (N,), weight, bias, eps)", "layer_norm",
             params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16, eager_temporaries=0,
-            flops_per_element=8, reduction="row"),
+            flops_per_element=8, reduction="row", error_scale_of="centred"),
         _op("add_layer_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR), ("bias", VECTOR)],
             ("y", "h"), _add_layer_norm, "h = x + residual; (F.layer_norm(h, (N,), weight, bias, eps), h)",
             "layer_norm", params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16,
-            eager_temporaries=0, oracle_fn=_add_norm_oracle(_layer_norm), flops_per_element=9, reduction="row"),
+            eager_temporaries=0, oracle_fn=_add_norm_oracle(_layer_norm), flops_per_element=9, reduction="row",
+            error_scale_of="centred"),
         _op("softmax", "rows", [("x", ROWS)], ("y",), _softmax,
             "torch.softmax(x * scale, dim=-1)", "softmax",
             params=[Param("scale", 1.0, (1.0, 0.125, 2.0, 0.08838834764831845))],
-            fallback_ulps=16, eager_temporaries=1, flops_per_element=5, reduction="row"),
+            fallback_ulps=16, eager_temporaries=1, flops_per_element=5, reduction="row",
+            error_scale_of="logits"),
         _op("attention", "attention", [("q", Q), ("k", KV), ("v", KV)], ("y",), _attention,
             "F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale); "
             "k, v may have fewer heads (grouped-query); causal top-left aligned", "attention",
             params=[Param("causal", False, (False, True)), Param("scale", None, (None, 0.1))],
             fallback_ulps=64, eager_temporaries=2, regimes=_ATTN_REGIMES,
-            error_scale_of="v", reduction="attention"),
+            error_scale_of="v"),
     ]
 }
 

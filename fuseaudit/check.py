@@ -215,11 +215,10 @@ def run_case(
 
     eager = spec.run_eager(inputs, case.params)
     oracle = spec.run_oracle(inputs, case.params)
-    error_scale = spec.error_scale(inputs)
-    reduction = spec.reduction_length(case.shapes())
     for name, g, e, o in zip(spec.outputs, got, eager, oracle):
-        cmp = compare(name, g, e, o, dtype=case.torch_dtype, fallback_ulps=spec.fallback_ulps,
-                      error_scale=error_scale if name == "y" else None, reduction_length=reduction)
+        # the op's own error analysis applies to its main output; h = x + residual is pointwise
+        f32 = spec.float32_scale(inputs, case.params, o) if name == spec.outputs[0] else None
+        cmp = compare(name, g, e, o, dtype=case.torch_dtype, fallback_ulps=spec.fallback_ulps, float32_scale=f32)
         report.comparisons.append(cmp)
         if not cmp.passed:
             report.failures.append(Failure("numerics", f"output {name}: {cmp.reason}"))

@@ -12,9 +12,9 @@ last dim) we compare three things computed from the *same rounded inputs*:
 
 Per row ``r``, with ``err(t) = max_i |t_i - oracle_i|`` over the row::
 
-    scale_r    = max_i max(|oracle_i|, |s_i|)      s: the op's error scale (below)
-    noise_r    = NOISE_ULPS * ulp(dtype, scale_r) + sqrt(K) * ulp(float32, scale_r) + tiny(dtype)
-    fallback_r = spec.fallback_ulps * ulp(dtype, scale_r) + noise_r
+    out_r      = max_i |oracle_i|
+    noise_r    = NOISE_ULPS * ulp(dtype, out_r) + ulp(float32, max_i s_i) + tiny(dtype)
+    fallback_r = spec.fallback_ulps * ulp(dtype, out_r) + noise_r
 
     if eager's row is finite and err(eager) <= fallback_r:      (a sane yardstick)
         bound_r = FACTOR * err(eager) + noise_r
@@ -23,21 +23,24 @@ Per row ``r``, with ``err(t) = max_i |t_i - oracle_i|`` over the row::
 
     the row passes  iff  err(got) <= bound_r
 
-``FACTOR = 2`` follows FlashAttention's tests.  ``noise_r`` is the rounding
-noise of the output dtype at the row's magnitude (so a kernel that rounds once
-where eager rounded differently still passes) plus the noise of float32
-arithmetic over the op's reduction length ``K`` (1 for pointwise ops, N for
-norms and softmax, Sk + D for attention), which only matters for float32
-outputs, where two correct summation orders differ by more than an ulp.
+``FACTOR = 2`` follows FlashAttention's tests.  ``noise_r`` has two parts:
 
-The error scale ``s`` is the magnitude at which the op's arithmetic is
-conditioned: the output itself for most ops, but ``|x| + |residual| + |bias|``
-for the bias-activation ops (``x + bias`` cancels: its rounding error is an ulp
-of the *inputs*, and eager pays it too) and ``max |v|`` for attention (the
-output is an average of ``v`` rows that may cancel).  Softmax keeps the output
-as its scale, so tiny outputs keep a tight bound: zeros returned for a row of
-1e-5 values miss it by orders of magnitude.  A broken yardstick never widens
-the bound past ``fallback_r``.
+* the rounding noise of the output dtype at the row's magnitude, so a kernel
+  that rounds once where eager rounded differently still passes;
+* the error that float32 arithmetic cannot avoid, ``ulp(float32, s)``, where
+  ``s`` comes from a first-order error analysis of the op in the catalog
+  (:meth:`OpSpec.float32_scale`): ``sqrt(K) |y|`` for a reduction of length
+  ``K``; ``|x| + |residual| + |bias|`` for the bias-activation ops, whose sum
+  cancels; ``sqrt(N) |h| / std * |w|`` for layer_norm, whose ``h - mean``
+  cancels on near-constant rows; ``(sqrt(N) + |z|) y`` for softmax, whose
+  logits ``z = x * scale`` are rounded at their own magnitude; and
+  ``(sqrt(Sk + D) + |q||k| scale) max|v|`` for attention, an average of
+  ``v`` rows.  It matters for float32 outputs and for cancelling rows; for a
+  softmax it is proportional to each row's outputs, so tiny outputs keep a
+  tight bound: zeros returned for a row of 1e-5 values miss it by orders of
+  magnitude.
+
+A broken yardstick never widens the bound past ``fallback_r``.
 
 Before any of that, NaN and Inf must match: a non-finite value where the
 oracle (rounded to the output dtype) is finite fails, and the reverse too.
@@ -123,15 +126,14 @@ def compare(
     *,
     dtype: torch.dtype,
     fallback_ulps: float,
-    error_scale: torch.Tensor | None = None,
-    reduction_length: int = 1,
+    float32_scale: torch.Tensor | None = None,
     factor: float = FACTOR,
     noise_ulps: float = NOISE_ULPS,
 ) -> Comparison:
     """Apply the policy to one output; shape and dtype were checked already.
 
-    ``error_scale`` (broadcastable to the output) and ``reduction_length`` come
-    from the op's catalog entry (:meth:`OpSpec.error_scale`).
+    ``float32_scale`` (broadcastable to the output) comes from the op's
+    catalog entry (:meth:`OpSpec.float32_scale`); by default ``2 |oracle|``.
     """
     shape = tuple(got.shape)
     n = shape[-1] if shape else 1
@@ -171,13 +173,14 @@ def compare(
     eager_finite_row = (torch.isfinite(e) | ~ref_finite).all(dim=1)
     err_e = torch.where(ref_finite, (e - o).abs(), zero)
     err_e = torch.where(torch.isnan(err_e), torch.full_like(err_e, math.inf), err_e)
-    magnitude = torch.where(ref_finite, o.abs(), zero)
-    if error_scale is not None:
-        s = error_scale.detach().to(torch.float64).abs().expand(shape).reshape(-1, n)
-        magnitude = torch.maximum(magnitude, torch.nan_to_num(s, posinf=0.0))
-    scale = magnitude.amax(dim=1)
+    scale = torch.where(ref_finite, o.abs(), zero).amax(dim=1)
+    if float32_scale is None:
+        f32 = 2 * scale
+    else:
+        f32 = torch.nan_to_num(float32_scale.detach().to(torch.float64).abs().expand(shape).reshape(-1, n),
+                               posinf=0.0).amax(dim=1)
     row_ulp = ulp(dtype, scale)
-    noise = noise_ulps * row_ulp + math.sqrt(reduction_length) * ulp(torch.float32, scale) + tiny(dtype)
+    noise = noise_ulps * row_ulp + ulp(torch.float32, f32) + tiny(dtype)
     fallback = fallback_ulps * row_ulp + noise
 
     row_err_g = err_g.amax(dim=1)
