@@ -1,0 +1,545 @@
+"""Fused scaled-dot-product attention: a FlashAttention-2 style forward kernel.
+
+``attention(q, k, v, causal, scale)`` equals
+``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`` on
+``(B, H, S, D)`` tensors, in one kernel launch, without ever writing the
+``(Sq, Sk)`` score matrix to memory.
+
+Tiling
+------
+Each program owns ``BLOCK_M`` query rows of one batch entry and one *kv head*
+and walks the keys in tiles of ``BLOCK_N``::
+
+    for each key tile j:                       # K_j, V_j: (BLOCK_N, D)
+        S   = Q @ K_j^T * scale                # (BLOCK_M, BLOCK_N), fp32, on chip
+        acc, m, l  <-  online softmax update with S and V_j
+    O = acc / l
+
+Grouped-query attention: query head ``h`` reads kv head ``h // G`` with
+``G = H // Hkv``.  The ``G`` query heads that share a kv head are packed into
+the rows of one program (row ``r`` is query position ``r // G`` of head
+``r % G`` of the group), so K and V are read once per group instead of once per
+query head.  That is what makes decoding (``Sq = 1``) with grouped-query cheap.
+
+Online softmax (all in fp32, base 2)
+------------------------------------
+With ``c = scale * log2(e)`` we have ``exp(q.k * scale) = 2 ** (q.k * c)``, so
+the kernel uses the cheap ``exp2`` and folds ``log2(e)`` into the scale once on
+the host.  Per row it keeps the running max ``m`` of the scaled scores seen so
+far, the running sum ``l = sum 2 ** (s - m)`` and the unnormalised output
+``acc = sum 2 ** (s - m) * v``.  A new tile with raw scores ``x_j = q.k_j``
+updates them::
+
+    m_new = max(m, max_j x_j * c)              # c >= 0: scale the max, not each x_j
+    p_j   = 2 ** fma(x_j, c, -m_new)           # <= 1; one rounding, relative to x_j*c - m
+    alpha = 2 ** (m - m_new)                   # rescales what was summed so far
+    l     = l * alpha + sum_j p_j
+    acc   = acc * alpha + p @ V_j              # p cast to the input dtype, fp32 acc
+
+and at the end ``O = acc / l``.  Masked keys get ``-inf`` scores before the max,
+so they contribute ``2 ** -inf = 0``.  A negative ``scale`` negates q instead
+(exact), which keeps ``c >= 0``.
+
+Masking work is only done where it is needed: the key tiles that every row of
+the block sees completely (all of them but the last without causal; those left
+of the diagonal with causal) run a loop without any mask; only the diagonal and
+the ragged last tile run the masked loop.  Causal is *top-left* aligned, like
+SDPA's ``is_causal``: query ``i`` sees keys ``j <= i``, also when ``Sq != Sk``,
+and tiles right of the last row's diagonal are never visited.
+
+Split-K for decoding
+--------------------
+With few query rows (decoding) there are only ``B * Hkv`` programs, too few to
+fill the GPU.  Then the keys are split into ``num_splits`` chunks, each program
+does one chunk and writes its partial ``(acc, m, l)`` to a scratch buffer, and
+the last program of a row block to finish (counted with an atomic) merges the
+partials with the same rescaling as above.  That stays one launch.
+
+Layout: q, k and v are addressed through all four of their strides, so any
+strided view (a slice of a fused QKV projection, ``(B, S, H, D)`` transposed,
+non-unit stride in ``D``, a storage offset) is read in place.  The head dim is
+padded to a power of two ``BLOCK_D`` with masks (``D = 80, 96``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._rows import check_tensors, interpreting, next_pow2
+
+LOG2E = 1.4426950408889634
+MAX_HEAD_DIM = 256
+# Query rows (G * Sq) up to which a call counts as decoding: one small row block
+# per kv head, autotuned over the key tile only, split over the keys if the GPU
+# would otherwise sit idle.
+DECODE_MAX_ROWS = 64
+
+
+# ----------------------------------------------------------------------------
+# Device code
+# ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, INTERP_BF16: tl.constexpr):
+    """``a @ b (+ acc)`` in fp32 on the tensor cores."""
+    if INTERP_BF16:
+        # Triton's interpreter multiplies bfloat16 bit patterns as integers; go
+        # through fp32, which is exact, as are the GPU's products of bf16 inputs
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _round_to(x, dtype: tl.constexpr, INTERP_BF16: tl.constexpr):
+    """fp32 ``x`` rounded to ``dtype`` (to nearest even, as the GPU does)."""
+    if INTERP_BF16:
+        # Triton's interpreter truncates fp32 -> bf16: round on the bits first,
+        # after which the truncation is exact (NaN is left alone)
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16 << 16
+        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    return x.to(dtype)
+
+
+@triton.jit
+def _attend_key_tiles(
+    acc, l_i, m_i, q, q_pos,
+    k_base, v_base, k_offs, v_offs, d_mask,
+    lo, hi, Sk, stride_kn, stride_vn, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERP_BF16: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Fold the key tiles ``[lo, hi)`` into the running ``(acc, l, m)``.
+
+    ``k_base + k_offs`` (``v_base + v_offs``) address the ``(BLOCK_N, BLOCK_D)``
+    tile of keys ``0 .. BLOCK_N-1``; ``lo`` is a multiple of ``BLOCK_N``.  With ``MASKED``
+    false every key of every tile is valid for every row (no masks at all).
+    ``qk_scale = |scale| * log2(e)``, never negative.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    # only the tile's first address is carried through the loop (a scalar):
+    # a carried tensor of pointers would cost two registers per element
+    k_tile = k_base + lo.to(tl.int64) * stride_kn
+    v_tile = v_base + lo.to(tl.int64) * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        keys = start_n + offs_n
+        k_ptrs = k_tile + k_offs
+        v_ptrs = v_tile + v_offs
+        # -- S = Q K^T, scaled into the log2 domain ---------------------------
+        if MASKED:
+            key_ok = keys < Sk
+            k = tl.load(k_ptrs, mask=key_ok[:, None] & d_mask[None, :], other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
+        qk = _mma(q, tl.trans(k), None, DOT_PRECISION, INTERP_BF16)
+        # -- online softmax ----------------------------------------------------
+        if MASKED:
+            keep = key_ok[None, :]
+            if CAUSAL:
+                keep = keep & (keys[None, :] <= q_pos[:, None])
+            s = tl.where(keep, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        else:
+            # qk_scale >= 0, so the max can be scaled instead of every score
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if MASKED:
+            # a row with no key yet (only possible in a split-K chunk right of
+            # its diagonal) keeps m = -inf; subtract 0 there, not -inf - -inf
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_ref = m_new
+        # qk * scale - m rounded once (an fma, as the GPU compiler would fuse it
+        # anyway): its error is relative to the small difference, not to |s|
+        s = tl.fma(qk, qk_scale, -m_ref[:, None])
+        if MASKED:
+            s = tl.where(keep, s, float("-inf"))
+        p = tl.math.exp2(s)
+        alpha = tl.math.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- acc = acc * alpha + P V ------------------------------------------
+        if MASKED:
+            v = tl.load(v_ptrs, mask=key_ok[:, None] & d_mask[None, :], other=0.0)
+        elif EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None]
+        acc = _mma(_round_to(p, v.dtype, INTERP_BF16), v, acc, DOT_PRECISION, INTERP_BF16)
+        m_i = m_new
+        k_tile += BLOCK_N * stride_kn
+        v_tile += BLOCK_N * stride_vn
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _merge_splits(
+    Opart, Mpart, Lpart, part0, num_splits,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Merge the ``num_splits`` partial ``(acc, m, l)`` of one row block."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for split in range(num_splits):
+        part = part0 + split
+        # .cg: read from L2, where the other programs' writes are
+        m_s = tl.load(Mpart + part * BLOCK_M + offs_m, cache_modifier=".cg")
+        l_s = tl.load(Lpart + part * BLOCK_M + offs_m, cache_modifier=".cg")
+        acc_s = tl.load(
+            Opart + part * (BLOCK_M * BLOCK_D) + offs_m[:, None] * BLOCK_D + offs_d[None, :],
+            cache_modifier=".cg",
+        )
+        m_new = tl.maximum(m_i, m_s)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # chunks with no key
+        alpha = tl.math.exp2(m_i - m_ref)
+        beta = tl.math.exp2(m_s - m_ref)
+        l_i = l_i * alpha + l_s * beta
+        acc = acc * alpha[:, None] + acc_s * beta[:, None]
+        m_i = m_new
+    return acc, l_i
+
+
+@triton.jit
+def _attention_fwd_kernel(
+    Q, K, V, Out,
+    Opart, Mpart, Lpart, Locks,  # split-K scratch; unused unless SPLIT
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    Sq, Sk, qk_scale,
+    split_len, num_splits,
+    ROWS_BUCKET, KEYS_BUCKET,  # autotune keys only (rounded sizes)
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr, SPLIT: tl.constexpr, NEGATE_Q: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERP_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program: ``BLOCK_M`` packed query rows x one key chunk of one kv head.
+
+    Grid: ``(cdiv(Sq * GROUP, BLOCK_M) * num_splits, Hkv, B)``.
+    """
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    # -- which rows, which kv head, which key chunk ----------------------------
+    pid = tl.program_id(0)
+    hkv = tl.program_id(1)
+    b = tl.program_id(2)
+    split = pid % num_splits
+    pid_m = pid // num_splits
+    if CAUSAL:
+        # the blocks at the bottom see the most keys: start them first
+        pid_m = tl.cdiv(Sq * GROUP, BLOCK_M) - 1 - pid_m
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    rows = pid_m * BLOCK_M + offs_m
+    q_pos = rows // GROUP  # query position of each row
+    head = hkv * GROUP + rows % GROUP  # query head of each row
+    row_ok = q_pos < Sq
+
+    # -- load the Q block once: (BLOCK_M, BLOCK_D) ------------------------------
+    b64 = b.to(tl.int64)
+    q_rows = b64 * stride_qb + head.to(tl.int64) * stride_qh + q_pos.to(tl.int64) * stride_qm
+    q = tl.load(
+        Q + q_rows[:, None] + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if NEGATE_Q:
+        # a negative scale: q.k * scale = (-q).k * |scale|; negation is exact
+        # (through fp32, as the interpreter cannot negate bfloat16)
+        q = (-q.to(tl.float32)).to(Q.dtype.element_ty)
+    k_base = K + (b64 * stride_kb + hkv.to(tl.int64) * stride_kh)
+    v_base = V + (b64 * stride_vb + hkv.to(tl.int64) * stride_vh)
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+
+    # -- the key range: [0, hi), of which [0, full_end) needs no mask ---------
+    if CAUSAL:
+        first_pos = (pid_m * BLOCK_M) // GROUP
+        last_pos = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, Sq - 1)
+        hi = tl.minimum(last_pos + 1, Sk)  # keys j <= last_pos
+        full_end = (tl.minimum(first_pos + 1, Sk) // BLOCK_N) * BLOCK_N
+    else:
+        hi = Sk
+        full_end = (Sk // BLOCK_N) * BLOCK_N
+    # this program's chunk of it (split_len is a multiple of BLOCK_N)
+    lo = split * split_len
+    hi = tl.minimum(hi, lo + split_len)
+    mid = tl.maximum(tl.minimum(full_end, hi), lo)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # tiles every row sees in full: no masking work
+    acc, l_i, m_i = _attend_key_tiles(
+        acc, l_i, m_i, q, q_pos, k_base, v_base, k_offs, v_offs, d_mask,
+        lo, mid, Sk, stride_kn, stride_vn, qk_scale,
+        False, CAUSAL, EVEN_D, DOT_PRECISION, INTERP_BF16, BLOCK_N,
+    )
+    # the diagonal tiles (causal) and the ragged last tile
+    acc, l_i, m_i = _attend_key_tiles(
+        acc, l_i, m_i, q, q_pos, k_base, v_base, k_offs, v_offs, d_mask,
+        mid, hi, Sk, stride_kn, stride_vn, qk_scale,
+        True, CAUSAL, EVEN_D, DOT_PRECISION, INTERP_BF16, BLOCK_N,
+    )
+
+    o_ptrs = (
+        Out + (b64 * stride_ob + head.to(tl.int64) * stride_oh + q_pos.to(tl.int64) * stride_om)[:, None]
+        + offs_d[None, :] * stride_od
+    )
+    o_mask = row_ok[:, None] & d_mask[None, :]
+    if SPLIT:
+        # -- publish this chunk's partial result ------------------------------
+        block = (b * tl.num_programs(1) + hkv) * tl.cdiv(Sq * GROUP, BLOCK_M) + pid_m
+        part0 = block.to(tl.int64) * num_splits
+        part = part0 + split
+        tl.store(Mpart + part * BLOCK_M + offs_m, m_i)
+        tl.store(Lpart + part * BLOCK_M + offs_m, l_i)
+        tl.store(
+            Opart + part * (BLOCK_M * BLOCK_D) + offs_m[:, None] * BLOCK_D + offs_d[None, :],
+            acc,
+        )
+        tl.debug_barrier()  # every thread's stores happen before the release below
+        done = tl.atomic_add(Locks + block, 1, sem="acq_rel")
+        if done == num_splits - 1:
+            # the last chunk to finish merges all of them, then re-arms the lock
+            acc, l_i = _merge_splits(Opart, Mpart, Lpart, part0, num_splits, BLOCK_M, BLOCK_D)
+            l_i = tl.where(l_i == 0.0, 1.0, l_i)
+            tl.store(o_ptrs, _round_to(acc / l_i[:, None], Out.dtype.element_ty, INTERP_BF16), mask=o_mask)
+            tl.atomic_xchg(Locks + block, 0)
+    else:
+        l_i = tl.where(l_i == 0.0, 1.0, l_i)  # no key seen (Sk == 0): output 0
+        tl.store(o_ptrs, _round_to(acc / l_i[:, None], Out.dtype.element_ty, INTERP_BF16), mask=o_mask)
+
+
+# ----------------------------------------------------------------------------
+# Autotuning (GPU only; the interpreter runs one small fixed config)
+# ----------------------------------------------------------------------------
+
+_TUNE_KEY = ["HEAD_DIM", "GROUP", "CAUSAL", "SPLIT", "ROWS_BUCKET", "KEYS_BUCKET"]
+
+# Hopper: 128-row blocks feed wgmma well; 64-row and 32-key tiles are the
+# fallback for D = 256 and float32, whose tiles do not fit shared memory else.
+_PREFILL_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bm, bn, w, s in [
+        (128, 64, 4, 3),
+        (128, 64, 8, 3),
+        (128, 128, 8, 2),
+        (128, 128, 8, 3),
+        (128, 64, 8, 2),
+        (64, 64, 4, 3),
+        (64, 32, 4, 2),
+    ]
+]
+# Decoding: BLOCK_M is set by the caller (the packed rows, 16..64).
+_DECODE_CONFIGS = [
+    triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
+    for bn, w, s in [
+        (64, 4, 2),
+        (64, 4, 3),
+        (128, 4, 2),
+        (128, 4, 3),
+        (128, 8, 3),
+        (32, 4, 2),
+    ]
+]
+# Key tiles of every decode config divide this, so split chunks align to tiles.
+_SPLIT_ALIGN = 128
+_SPLIT_MIN_KEYS = 256  # fewer keys per chunk are not worth a partial result
+_SMEM_BUDGET = 227 * 1024  # shared memory per block on Hopper
+
+
+def _smem_bytes(bm: int, bn: int, stages: int, block_d: int, elt: int) -> int:
+    """Shared memory of a config on sm_90 (half dtypes): Q plus ``stages`` K and V tiles.
+
+    Configs that fit by this count but still fail to compile are dropped by the
+    autotuner itself (``OutOfResources``); this only saves their compile time.
+    """
+    return (bm + 2 * stages * bn) * block_d * elt
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Drop configs whose tiles cannot fit in shared memory for this head dim."""
+    args = {**named_args, **kwargs}
+    block_d = args["BLOCK_D"]
+    elt = args["Q"].element_size()
+    fits = []
+    for c in configs:
+        bm = c.kwargs.get("BLOCK_M", args.get("BLOCK_M"))
+        if _smem_bytes(bm, c.kwargs["BLOCK_N"], c.num_stages, block_d, elt) <= _SMEM_BUDGET:
+            fits.append(c)
+    if fits:
+        return fits
+    return [min(configs, key=lambda c: c.kwargs["BLOCK_N"] * c.num_stages)]
+
+
+_attention_prefill = triton.autotune(
+    configs=_PREFILL_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune}
+)(_attention_fwd_kernel)
+_attention_decode = triton.autotune(
+    configs=_DECODE_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune}
+)(_attention_fwd_kernel)
+
+# Interpreter: one small config, so that CPU runs stay quick.
+_INTERP_BLOCK_M = 16
+_INTERP_BLOCK_N = 16
+_INTERP_NUM_SMS = 4  # pretend SM count, so that small tests exercise split-K
+
+
+# ----------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERP_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_LOCKS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_locks(device: torch.device, n: int) -> torch.Tensor:
+    """Per-row-block arrival counters for split-K, all zero between calls.
+
+    Each call's last program resets its counter, so the buffer is zeroed only
+    when it is (re)allocated, by a host-to-device copy rather than a fill
+    kernel.  Calls on concurrent streams must not share it.
+    """
+    locks = _LOCKS.get(device)
+    if locks is None or locks.numel() < n:
+        locks = torch.zeros(next_pow2(max(n, 1024)), dtype=torch.int32).to(device)
+        _LOCKS[device] = locks
+    return locks
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"attention: {name} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"attention: k and v must have one shape (B, Hkv, Sk, D), "
+            f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+    (B, H, _, D), (Bk, Hkv, _, Dk) = q.shape, k.shape
+    if Bk != B:
+        raise ValueError(f"attention: batch of k/v ({Bk}) differs from that of q ({B})")
+    if Dk != D:
+        raise ValueError(f"attention: head dim of k/v ({Dk}) differs from that of q ({D})")
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(
+            f"attention: kv heads ({Hkv}) must divide query heads ({H}) for grouped-query"
+        )
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"attention: head dim {D} is outside 1..{MAX_HEAD_DIM}")
+
+
+def _num_splits(
+    programs: int, keys: int, device: torch.device, align: int, min_chunk: int
+) -> tuple[int, int]:
+    """Chunks to split ``keys`` into so that ~2 programs run per SM: ``(n, chunk)``.
+
+    Chunks are multiples of ``align`` keys and at least ``min_chunk`` long.
+    """
+    n = min(triton.cdiv(2 * _num_sms(device), programs), triton.cdiv(keys, min_chunk))
+    if n <= 1:
+        return 1, keys
+    chunk = triton.cdiv(triton.cdiv(keys, n), align) * align
+    return triton.cdiv(keys, chunk), chunk
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``.
+
+    ``q`` is ``(B, H, Sq, D)``; ``k`` and ``v`` are ``(B, Hkv, Sk, D)`` with
+    ``Hkv`` dividing ``H`` (query head ``h`` reads kv head ``h // (H // Hkv)``).
+    ``causal`` is top-left aligned (query ``i`` sees keys ``j <= i``).  ``scale``
+    defaults to ``1 / sqrt(D)``.  Any strided views; one kernel launch; returns a
+    new contiguous ``(B, H, Sq, D)`` tensor of q's dtype.
+    """
+    check_tensors("attention", q=q, k=k, v=v)
+    _check_shapes(q, k, v)
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out = torch.empty((B, H, Sq, D), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+
+    group = H // Hkv
+    rows = Sq * group  # query rows of one program's kv head
+    block_d = max(16, next_pow2(D))  # tl.dot needs >= 16
+    keys = min(Sk, Sq) if causal else Sk  # keys the last row can see
+    interp = interpreting()
+    decode = rows <= DECODE_MAX_ROWS
+    block_m = max(16, next_pow2(rows)) if decode else _INTERP_BLOCK_M if interp else None
+
+    num_splits, split_len = 1, max(Sk, 1)
+    if decode and keys > 0:
+        if interp:
+            num_splits, split_len = _num_splits(
+                B * Hkv, keys, q.device, _INTERP_BLOCK_N, _INTERP_BLOCK_N
+            )
+        else:
+            num_splits, split_len = _num_splits(
+                B * Hkv, keys, q.device, _SPLIT_ALIGN, _SPLIT_MIN_KEYS
+            )
+    split = num_splits > 1
+    if split:
+        n_blocks = B * Hkv  # one row block per kv head when decoding
+        opart = torch.empty((n_blocks * num_splits, block_m, block_d), dtype=torch.float32,
+                            device=q.device)
+        mpart = torch.empty((n_blocks * num_splits, block_m), dtype=torch.float32,
+                            device=q.device)
+        lpart = torch.empty_like(mpart)
+        locks = _split_locks(q.device, n_blocks)
+    else:
+        opart = mpart = lpart = locks = out  # not read
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        return (triton.cdiv(rows, meta["BLOCK_M"]) * num_splits, Hkv, B)
+
+    args = (
+        q, k, v, out, opart, mpart, lpart, locks,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        Sq, Sk, abs(scale) * LOG2E, split_len, num_splits,
+        next_pow2(max(rows, 16)), next_pow2(max(min(keys, split_len), 16)),
+    )
+    meta = dict(
+        HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, CAUSAL=bool(causal), SPLIT=split,
+        NEGATE_Q=scale < 0,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        INTERP_BF16=interp and q.dtype == torch.bfloat16,
+    )
+    if interp:
+        _attention_fwd_kernel[grid](*args, **meta, BLOCK_M=block_m, BLOCK_N=_INTERP_BLOCK_N)
+    elif decode:
+        _attention_decode[grid](*args, **meta, BLOCK_M=block_m)
+    else:
+        _attention_prefill[grid](*args, **meta)
+    return out
