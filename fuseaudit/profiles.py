@@ -8,7 +8,8 @@ a kernel, and the interpreter is slow; a deadline would only measure that):
 ``fuseaudit-gpu``  many, large examples for a real GPU
 
 The size bounds that go with each profile live in :mod:`.strategies`; the
-profile name reaches them through ``$FUSEAUDIT_PROFILE``.
+profile name reaches them through ``$FUSEAUDIT_PROFILE``.  ``$FUSEAUDIT_EXAMPLES``
+overrides the number of examples of every profile (a time budget on a lent GPU).
 """
 
 from __future__ import annotations
@@ -23,13 +24,22 @@ _SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_to
 _EXAMPLES = {"ci": 12, "dev": 60, "gpu": 60}
 
 
+def _examples(profile: str) -> int:
+    override = os.environ.get("FUSEAUDIT_EXAMPLES")
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise ValueError(f"FUSEAUDIT_EXAMPLES must be a positive integer, got {override!r}")
+        return int(override)
+    return _EXAMPLES[profile]
+
+
 def register() -> None:
     """Register the ``fuseaudit-*`` profiles (idempotent)."""
-    settings.register_profile("fuseaudit-ci", max_examples=_EXAMPLES["ci"], deadline=None, derandomize=True,
+    settings.register_profile("fuseaudit-ci", max_examples=_examples("ci"), deadline=None, derandomize=True,
                               suppress_health_check=_SLOW, print_blob=True)
-    settings.register_profile("fuseaudit-dev", max_examples=_EXAMPLES["dev"], deadline=None,
+    settings.register_profile("fuseaudit-dev", max_examples=_examples("dev"), deadline=None,
                               suppress_health_check=_SLOW, print_blob=True)
-    settings.register_profile("fuseaudit-gpu", max_examples=_EXAMPLES["gpu"], deadline=None,
+    settings.register_profile("fuseaudit-gpu", max_examples=_examples("gpu"), deadline=None,
                               suppress_health_check=_SLOW, print_blob=True)
 
 
