@@ -32,30 +32,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"fuseaudit: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported (the others stay unloaded)."""
     parser = _Parser(prog="fuseaudit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        try:
+        if name == command:
             mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue  # a subcommand whose module is not in this build
-        mod.add_arguments(p)
-        p.set_defaults(_module=mod)
+            mod.add_arguments(p)
+            p.set_defaults(_module=mod)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    mod = getattr(args, "_module", None)
-    if mod is None:
-        print(f"fuseaudit: error: '{args.command}' is not available in this build", file=sys.stderr)
-        return EXIT_USAGE
-    return int(mod.main(args))
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    return int(args._module.main(args))
 
 
 if __name__ == "__main__":
