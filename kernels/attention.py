@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -481,7 +482,23 @@ def attention(
     ``causal`` is top-left aligned (query ``i`` sees keys ``j <= i``).  ``scale``
     defaults to ``1 / sqrt(D)``.  Any strided views; one kernel launch; returns a
     new contiguous ``(B, H, Sq, D)`` tensor of q's dtype.
+
+    On a GPU the tiles are autotuned; ``FUSEAUDIT_AUTOTUNE=0`` takes the first
+    config that fits instead (property tests compile one config per shape class).
     """
+    return attention_with_config(q, k, v, causal, scale, config=None)
+
+
+def attention_with_config(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    *,
+    config: triton.Config | None,
+) -> torch.Tensor:
+    """:func:`attention` with one given tile config (GPU; ``None``: autotuned)."""
     check_tensors("attention", q=q, k=k, v=v)
     _check_shapes(q, k, v)
     B, H, Sq, D = q.shape
@@ -538,6 +555,14 @@ def attention(
     )
     if interp:
         _attention_fwd_kernel[grid](*args, **meta, BLOCK_M=block_m, BLOCK_N=_INTERP_BLOCK_N)
+    elif config is not None or os.environ.get("FUSEAUDIT_AUTOTUNE", "1") == "0":
+        # one fixed config, no autotuning: the first that fits, or the one asked for
+        configs = _DECODE_CONFIGS if decode else _PREFILL_CONFIGS
+        cfg = config or _prune(configs, {"BLOCK_D": block_d, "Q": q, "BLOCK_M": block_m})[0]
+        fixed = dict(cfg.kwargs)
+        if decode:
+            fixed["BLOCK_M"] = block_m
+        _attention_fwd_kernel[grid](*args, **meta, **fixed, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     elif decode:
         _attention_decode[grid](*args, **meta, BLOCK_M=block_m)
     else:
