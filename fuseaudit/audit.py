@@ -80,6 +80,7 @@ def audit(
     shrink_time: float = DEFAULT_SHRINK_S,
     isolate: bool = True,
     progress: bool = False,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> AuditResult:
     """Audit ``target`` (``module:function``, ``file.py:function`` or ``builtin:NAME``) as op ``op``.
 
@@ -91,7 +92,9 @@ def audit(
     ``shrink_time`` seconds of shrinking after the first failure, after which
     the smallest failing case found so far is reported;
     ``isolate=False`` runs the target in this process; ``progress`` shows
-    progress on stderr when it is a terminal.
+    progress on stderr when it is a terminal; ``on_event`` receives every
+    event of the worker's log as it comes (``fuseaudit run`` draws its
+    progress and its per-case figures from them).
     """
     start = time.perf_counter()
     spec = _get_op(op)
@@ -106,7 +109,8 @@ def audit(
     if not shrink_time >= 0:
         raise AuditUsageError(f"--shrink-time must be zero or positive, got {shrink_time}")
     job.shrink_seconds = float(shrink_time)
-    with _progress(progress, job) as on_event:
+    with _progress(progress, job) as shown:
+        on_event = _chain(shown, on_event)
         if isolate:
             from .supervise import run_isolated
 
@@ -252,6 +256,19 @@ def _raise_for_setup(events: list[dict[str, Any]], job: AuditJob) -> None:
 # ---------------------------------------------------------------------------
 # Progress (stderr, only on a terminal)
 # ---------------------------------------------------------------------------
+
+def _chain(*callbacks: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None] | None:
+    """One callback that calls each of ``callbacks`` that is not None (None if there are none)."""
+    live = [c for c in callbacks if c is not None]
+    if len(live) <= 1:
+        return live[0] if live else None
+
+    def both(event: dict[str, Any]) -> None:
+        for c in live:
+            c(event)
+
+    return both
+
 
 @contextlib.contextmanager
 def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]], None] | None]:

@@ -1,0 +1,408 @@
+"""``fuseaudit run``: the main job -- audit every reference kernel, measure, write the report.
+
+Steps, each recorded in one results file (:mod:`fuseaudit.results`,
+default ``reports/results-<device>.json``, rewritten after every step so an
+interrupted run keeps what it did), in this order:
+
+1. **reference audits** -- every reference kernel of the catalog through
+   :func:`fuseaudit.audit.audit` (each in its own child process; one op's
+   failure, crash or missing kernel never stops the others).  Every checked
+   case's figures are kept for the tolerance section of the report.
+2. **launches** -- kernels per call of reference, eager and ``torch.compile``
+   (:func:`~fuseaudit.cli_launches.launch_table`, in a child process).
+3. **bench** (GPU) -- ``fuseaudit bench --quick`` within ``--bench-seconds``.
+4. **e2e** (GPU, where :mod:`fuseaudit.e2e` exists) -- ``fuseaudit e2e``
+   within ``--e2e-seconds``.
+5. **built-in target audits** (GPU, or ``--builtins``) -- every third-party
+   target the device has (:func:`~fuseaudit.builtin_targets.available_targets`:
+   ``torch.compile`` and the SDPA backends); last, so that under a
+   ``--time-limit`` speed comes before third-party correctness.
+6. the HTML report (:mod:`fuseaudit.report`), ``reports/report-<device>.html``.
+
+Defaults fit a fresh 2-core CPU machine in two to four minutes (attention,
+slowest under the interpreter, gets the fewest examples).  On a GPU the run
+is bounded by its examples and the bench/e2e budgets; ``--time-limit S``
+bounds the whole run (``--resume`` continues one that was cut short).
+
+Exit codes: 0 every reference kernel passed every property; 1 a reference
+kernel failed a property, or could not be audited (missing, does not load);
+2 the run could not run (bad option, no such device, unwritable output, or
+interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from . import results
+from .catalog import OPS
+from .cli import EXIT_USAGE
+
+# examples per audit: (row ops, attention) per device; built-in targets recompile per shape, so fewer
+DEFAULT_EXAMPLES = {"cpu": (40, 12), "cuda": (30, 20)}
+DEFAULT_TARGET_EXAMPLES = {"cpu": 8, "cuda": 8}
+DEFAULT_SHRINK_S = {"cpu": 30.0, "cuda": 60.0}
+DEFAULT_BENCH_S = 150.0
+DEFAULT_E2E_S = 240.0
+LAUNCHES_TIMEOUT_S = 600.0
+MIN_STEP_S = 30.0  # a step with less time than this left is skipped
+GRACE_S = 30.0  # after SIGINT, before SIGKILL
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    onoff = argparse.BooleanOptionalAction
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="cpu runs Triton's interpreter (default: cuda if available)")
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP", help="ops to audit (default: all)")
+    parser.add_argument("--examples", type=int, default=None, metavar="N",
+                        help="Hypothesis examples per reference audit (default: CPU 40, attention 12; GPU 30, "
+                             "attention 20)")
+    parser.add_argument("--target-examples", type=int, default=None, metavar="N",
+                        help="examples per built-in target audit (default 8: torch.compile recompiles per shape)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every search (default 0: reproducible)")
+    parser.add_argument("--shrink-time", type=float, default=None, metavar="S",
+                        help="seconds of shrinking after a first failure (default: CPU 30, GPU 60)")
+    parser.add_argument("--builtins", action=onoff, default=None,
+                        help="also audit the built-in targets this device has (default: on a GPU only)")
+    parser.add_argument("--bench", action=onoff, default=None, help="benchmark sweep (default: on a GPU only)")
+    parser.add_argument("--bench-seconds", type=float, default=DEFAULT_BENCH_S, metavar="S",
+                        help=f"budget of the benchmark sweep (default {DEFAULT_BENCH_S:g})")
+    parser.add_argument("--e2e", action=onoff, default=None,
+                        help="end-to-end decode-step measurement (default: on a GPU, where fuseaudit.e2e exists)")
+    parser.add_argument("--e2e-seconds", type=float, default=DEFAULT_E2E_S, metavar="S",
+                        help=f"budget of the end-to-end measurement (default {DEFAULT_E2E_S:g})")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="S",
+                        help="wall-clock budget of the whole run: bench and e2e shrink to fit, audits that would "
+                             "not fit are recorded as not run (default: none)")
+    parser.add_argument("--out", default="reports", metavar="DIR", help="where results and report go (reports/)")
+    parser.add_argument("--results", default=None, metavar="PATH",
+                        help="results JSON (default: DIR/results-<device>.json)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the finished steps of an existing results file of the same device; run the rest")
+
+
+# ---------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------
+
+def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """Validated options with the device's defaults filled in; ValueError (one line) otherwise."""
+    ops = args.ops or list(OPS)
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        raise ValueError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}")
+    for name in ("examples", "target_examples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    for name in ("bench_seconds", "e2e_seconds"):
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    if args.shrink_time is not None and not args.shrink_time >= 0:
+        raise ValueError("--shrink-time must be zero or positive")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise ValueError("--time-limit must be positive")
+    gpu = device == "cuda"
+    rows_n, attn_n = DEFAULT_EXAMPLES[device]
+    examples = {o: args.examples or (attn_n if OPS[o].family == "attention" else rows_n) for o in ops}
+    e2e_exists = importlib.util.find_spec("fuseaudit.e2e") is not None
+    return {
+        "ops": ops, "examples": examples,
+        "target_examples": args.target_examples or DEFAULT_TARGET_EXAMPLES[device],
+        "seed": args.seed,
+        "shrink_time": DEFAULT_SHRINK_S[device] if args.shrink_time is None else args.shrink_time,
+        "builtins": gpu if args.builtins is None else args.builtins,
+        "bench": gpu if args.bench is None else args.bench, "bench_seconds": args.bench_seconds,
+        "e2e": (gpu and e2e_exists) if args.e2e is None else args.e2e, "e2e_seconds": args.e2e_seconds,
+        "time_limit": args.time_limit,
+    }
+
+
+def _jobs(options: dict[str, Any], device: str) -> list[tuple[str, str, str, int]]:
+    """(op, target, kind, examples) of every audit: the reference kernels first, then the built-in targets."""
+    from .builtin_targets import available_targets
+
+    jobs = [(op, OPS[op].reference or f"(no reference kernel for {op})", "reference", options["examples"][op])
+            for op in options["ops"]]
+    if options["builtins"]:
+        for op in options["ops"]:
+            jobs += [(op, t, "builtin", options["target_examples"]) for t in available_targets(op, device)]
+    return jobs
+
+
+# ---------------------------------------------------------------------------
+# Steps
+# ---------------------------------------------------------------------------
+
+def audit_entry(op: str, target: str, kind: str, examples: int, *, device: str, options: dict[str, Any],
+                progress: Any = None) -> dict[str, Any]:
+    """Audit one target; every outcome (usage error, internal error) is an entry, never an exception."""
+    from .audit import AuditUsageError, _chain, audit
+
+    entry: dict[str, Any] = {"op": op, "target": target, "kind": kind, "examples": examples, "verdicts": {},
+                             "passed": None, "result": None, "cases": [], "ulp_histograms": {}}
+    collector = results.CaseCollector()
+    start = time.monotonic()
+    if kind == "reference" and not OPS[op].reference:
+        entry.update(status="unavailable", exit_code=2, message=f"the catalog names no reference kernel for {op}")
+    else:
+        try:
+            res = audit(op, target, examples=examples, seed=options["seed"], device=device,
+                        shrink_time=options["shrink_time"], progress=False,
+                        on_event=_chain(collector, progress.on_event if progress else None))
+        except AuditUsageError as exc:
+            entry.update(status="error", exit_code=2, message=" ".join(str(exc).split()))
+        except Exception as exc:  # a bug of fuseaudit's own must not lose the other ops
+            entry.update(status="error", exit_code=2, message=f"internal error: {type(exc).__name__}: {exc}")
+        else:
+            d = res.to_dict()
+            entry.update(status="done", exit_code=res.exit_code, passed=res.passed,
+                         verdicts={p: v["status"] for p, v in d["properties"].items()}, result=d)
+    entry.update(elapsed_s=round(time.monotonic() - start, 2), cases=collector.cases,
+                 ulp_histograms=collector.histograms)
+    return entry
+
+
+def _child(cmd: list[str], *, timeout: float, stdout: Any) -> tuple[int | None, str]:
+    """Run ``cmd`` (stderr shared with ours); past ``timeout`` SIGINT (it keeps what it measured), then kill."""
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=None, stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait(timeout=timeout), ""
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=GRACE_S)
+            return proc.returncode, f"stopped after {timeout:.0f} s (interrupted; partial results kept)"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return None, f"killed after {timeout + GRACE_S:.0f} s"
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def _tail(path: pathlib.Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _read_json(path: pathlib.Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def launches_step(ops: list[str], device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
+    out, log = tmp / "launches.json", tmp / "launches.log"
+    with log.open("w") as f:
+        rc, note = _child([sys.executable, "-m", "fuseaudit._launch_worker", device, str(out), *ops],
+                          timeout=min(LAUNCHES_TIMEOUT_S, budget), stdout=f)
+    doc = _read_json(out) or {"rows": []}
+    rows = doc.get("rows", [])
+    counted = {r.get("op") for r in rows}
+    for op in ops:  # the child died or was stopped before reaching these
+        if op not in counted:
+            rows.append({"op": op, "error": f"not counted: the launch counter ended first ({note or f'exit {rc}'})"})
+    status = "done" if rc == 0 else "error"
+    message = "" if rc == 0 else (note or f"exit status {rc}: {_tail(log)}")
+    return {"status": status, "message": message, "rows": rows}
+
+
+def bench_step(options: dict[str, Any], tmp: pathlib.Path, budget: float) -> dict[str, Any]:
+    """``fuseaudit bench --quick`` in a child: its own budget is 80% of ours (compilations overrun it)."""
+    out, log = tmp / "bench.json", tmp / "bench.log"
+    cmd = [sys.executable, "-m", "fuseaudit.cli", "bench", "--quick", "--max-seconds", f"{0.8 * budget:.0f}",
+           "--json", str(out), "--ops", ",".join(options["ops"])]
+    start = time.monotonic()
+    with log.open("w") as f:
+        rc, note = _child(cmd, timeout=budget, stdout=f)
+    doc = _read_json(out)
+    seconds = round(time.monotonic() - start, 1)
+    if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), list):
+        return {"status": "done", "message": note, "seconds": seconds, "document": doc}
+    return {"status": "error", "seconds": seconds, "document": None,
+            "message": note or f"fuseaudit bench exited {rc} without results: {_tail(log)}"}
+
+
+def e2e_step(device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
+    """``fuseaudit e2e`` in a child: its step measurements get half our budget (model build, agreement
+    check and the microbenchmark come on top)."""
+    if importlib.util.find_spec("fuseaudit.e2e") is None:
+        return {"status": "skipped", "message": "fuseaudit.e2e is not in this build", "document": None}
+    out, log = tmp / "e2e.json", tmp / "e2e.log"
+    cmd = [sys.executable, "-m", "fuseaudit.cli", "e2e", "--device", device, "--json", str(out),
+           "--budget-s", f"{0.5 * budget:.0f}"]
+    with log.open("w") as f:
+        rc, note = _child(cmd, timeout=budget, stdout=f)
+    doc = _read_json(out)
+    if isinstance(doc, dict):
+        doc.pop("_path", None)
+        verdict = (doc.get("agreement") or {}).get("verdict")
+        message = note or ("" if rc == 0 else f"exit status {rc} (agreement: {verdict})")
+        return {"status": "done", "message": message, "document": doc}
+    return {"status": "error", "document": None,
+            "message": note or f"fuseaudit e2e exited {rc} without results: {_tail(log)}"}
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+def _resumed(path: pathlib.Path, device: str) -> dict[str, Any] | None:
+    try:
+        old = results.load(path)
+    except results.ResultsError:
+        return None
+    return old if old["device"] == device else None
+
+
+class _Run:
+    """One ``fuseaudit run``: the document, where it goes, what to keep from a resumed file, the clock."""
+
+    def __init__(self, args: argparse.Namespace, device: str, options: dict[str, Any], path: pathlib.Path,
+                 progress: Any, tmp: pathlib.Path) -> None:
+        self.device, self.options, self.path, self.progress, self.tmp = device, options, path, progress, tmp
+        self.start = time.monotonic()
+        limit = options["time_limit"]
+        self.deadline = None if limit is None else self.start + limit
+        self.doc = results.new_document(device, argv=sys.argv, options=options,
+                                        environment=results.environment(device))
+        self.old = _resumed(path, device) if args.resume else None
+        self.kept = {(a["op"], a["target"]): a for a in (self.old or {}).get("audits", [])
+                     if a.get("status") == "done"}
+        self.audit_seconds: list[float] = []
+
+    def left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        self.doc["summary"] = {**results.summarize(self.doc), "elapsed_s": round(time.monotonic() - self.start, 1)}
+        results.write(self.path, self.doc)
+
+    def audits(self, jobs: list[tuple[str, str, str, int]]) -> None:
+        for op, target, kind, examples in jobs:
+            if (op, target) in self.kept:
+                self.doc["audits"].append(self.kept[(op, target)])
+                self.progress.line(f"kept  {op} {target} (from {self.path.name})")
+                continue
+            expected = statistics.mean(self.audit_seconds) if self.audit_seconds else 0.0
+            if self.left() < expected:
+                entry = {"op": op, "target": target, "kind": kind, "examples": examples, "status": "skipped",
+                         "exit_code": 2, "passed": None, "verdicts": {}, "result": None, "cases": [],
+                         "ulp_histograms": {}, "elapsed_s": 0.0,
+                         "message": f"not run: --time-limit {self.options['time_limit']:g} s reached"}
+            else:
+                self.progress.begin_audit(op, target, examples)
+                entry = audit_entry(op, target, kind, examples, device=self.device, options=self.options,
+                                    progress=self.progress)
+                self.audit_seconds.append(entry["elapsed_s"])
+            self.doc["audits"].append(entry)
+            self.progress.end_audit(entry)
+            self.save()
+
+    def step(self, name: str, wanted: bool, job: Any) -> None:
+        """Run ``job(budget_seconds)`` for step ``name`` unless kept, unwanted or out of time."""
+        if self.old and (self.old.get(name) or {}).get("status") == "done":
+            self.doc[name] = self.old[name]
+            self.progress.line(f"kept  {name} (from {self.path.name})")
+            return
+        skip = None
+        if name == "bench" and self.device != "cuda":
+            skip = "timing needs a GPU"
+        elif not wanted:
+            skip = ("timing needs a GPU" if self.device == "cpu" else "turned off") + f" (--{name} to run it)"
+        elif self.left() < MIN_STEP_S:
+            skip = f"not run: --time-limit {self.options['time_limit']:g} s reached"
+        if skip:
+            self.doc[name] = {"status": "skipped", "message": skip, "document": None, "rows": []}
+            return
+        self.progress.line(f"{name} ...")
+        with self.progress.paused():
+            self.doc[name] = job(max(MIN_STEP_S, min(self.options.get(f"{name}_seconds") or 1e9,
+                                                     self.left() - MIN_STEP_S)))
+        self.progress.line(f"{name}: {self.doc[name]['status']} {self.doc[name].get('message') or ''}".rstrip())
+        self.save()
+
+
+def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pathlib.Path) -> dict[str, Any]:
+    """Every step, the document written after each; KeyboardInterrupt propagates (the document is saved).
+
+    Order: reference audits, launches, bench, e2e, then the built-in targets' audits (with a
+    ``--time-limit``, speed comes before third-party correctness).
+    """
+    from .run_progress import RunProgress
+
+    jobs = _jobs(options, device)
+    ref_jobs = [j for j in jobs if j[2] == "reference"]
+    with RunProgress(len(jobs)) as progress, tempfile.TemporaryDirectory(prefix="fuseaudit-run-") as tmpdir:
+        r = _Run(args, device, options, path, progress, pathlib.Path(tmpdir))
+        limit = f", time limit {options['time_limit']:g} s" if options["time_limit"] else ""
+        progress.line(f"fuseaudit run on {r.doc['environment'].get('device_name', device)}: {len(jobs)} audit(s)"
+                      f"{limit}; results in {path}")
+        r.audits(ref_jobs)
+        r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
+        r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
+        r.step("e2e", options["e2e"], lambda budget: e2e_step(device, r.tmp, budget))
+        r.audits([j for j in jobs if j[2] != "reference"])
+        r.doc["finished"] = True
+        r.save()
+    return r.doc
+
+
+def main(args: argparse.Namespace) -> int:
+    from .profiles import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+        options = _options(args, device)
+    except ValueError as exc:
+        print(f"fuseaudit run: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out_dir = pathlib.Path(args.out)
+    path = pathlib.Path(args.results) if args.results else out_dir / f"results-{device}.json"
+    html = out_dir / f"report-{device}.html"
+    try:
+        for d in {path.parent, html.parent}:
+            d.mkdir(parents=True, exist_ok=True)
+            probe = d / ".fuseaudit-write-test"
+            probe.write_text("")
+            probe.unlink()
+    except OSError as exc:
+        print(f"fuseaudit run: error: cannot write to {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        doc = run(args, device, options, path)
+    except KeyboardInterrupt:
+        print(f"fuseaudit run: interrupted; what was done is in {path} (fuseaudit report --results {path})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    from .report import render
+
+    try:
+        render([doc], html)
+    except Exception as exc:
+        print(f"fuseaudit run: error: the report could not be written: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    summary = doc["summary"]
+    verdict = "every reference kernel passed every property" if summary["passed"] else (
+        "FAILED: " + "; ".join(f"{f['op']} ({', '.join(f.get('properties') or [f.get('message', '')])})"
+                               for f in summary["failed"]))
+    print(f"fuseaudit run: {verdict}\nresults: {path}\nreport:  {html}\n"
+          f"({summary['elapsed_s']:.0f} s)")
+    return int(summary["exit_code"])

@@ -1,0 +1,305 @@
+"""``fuseaudit run`` and the HTML report: one results file, one self-contained page, a real browser.
+
+The report is rendered from a synthetic GPU-like results document (every
+section: verdicts, a failure, tolerance, speed, memory, NVML, end to end,
+hostile target names) and from a real, small CPU run.  Headless Chromium
+opens it: no console error, a non-trivial screenshot, nothing fetched.
+Where Chromium is not installed the browser test skips with a reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fuseaudit import benchjson, report, results, runner
+from fuseaudit.case import Case
+from fuseaudit.catalog import OPS
+from fuseaudit.cli import main as cli_main
+from fuseaudit.tolerance import ULP_BINS
+
+HOSTILE = "<script>alert(1)</script>"
+HOSTILE_MSG = '<img src=x onerror="alert(2)"> broke'
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"), "/usr/bin/chromium")
+                 if p and os.path.exists(p)), None)
+
+
+# ---------------------------------------------------------------------------
+# A synthetic results document with every section filled
+# ---------------------------------------------------------------------------
+
+def _case_json(op: str, dtype: str, n: int, rng: random.Random) -> str:
+    spec = OPS[op]
+    if spec.family == "attention":
+        dims: dict[str, Any] = {"B": 1, "H": 4, "Hkv": 2, "Sq": 16, "Sk": n, "D": 64}
+    else:
+        dims = {"lead": (rng.randint(1, 64),), "N": n}
+    case = Case(op, dtype, dims, {i.name: "contiguous" for i in spec.inputs}, "normal", spec.defaults(),
+                seed=rng.randint(0, 999))
+    return case.to_json()
+
+
+def _audit(op: str, target: str, kind: str, rng: random.Random, *, fail: str | None = None) -> dict[str, Any]:
+    collector = results.CaseCollector()
+    for i in range(12):
+        dtype = ("float32", "bfloat16", "float16")[i % 3]
+        n = rng.choice([7, 64, 129, 1000, 4096, 5120])
+        ulp = rng.uniform(0, 2.5)
+        bad = fail == "numerics" and i == 5
+        cmp = {"output": "y", "passed": not bad, "max_abs_err": 1e-3, "max_rel_err": 1e-3,
+               "max_ulp_err": 40.0 if bad else ulp, "eager_max_ulp_err": rng.uniform(0.5, 2.5),
+               "ratio_to_eager": rng.uniform(0.5, 1.5), "yardstick": "eager", "rows": 8, "rows_failed": int(bad),
+               "worst_index": [0, 1], "worst_got": 1.0 + (0.02 if bad else 0.001), "worst_oracle": 1.0,
+               "worst_eager": 1.0, "worst_bound": 0.004,
+               "ulp_histogram": [rng.randint(0, 500) for _ in ULP_BINS]}
+        report_ = {"case": _case_json(op, dtype, n, rng), "describe": f"{op} {dtype} N={n}", "passed": not bad,
+                   "failures": [{"prop": "numerics", "message": "rows exceed the bound"}] if bad else [],
+                   "comparisons": [cmp]}
+        collector({"event": "done", "phase": "search", "report": report_})
+    props = {p: {"status": "PASS", "summary": "held on 12 case(s)", "failures": []} for p in results.PROPERTY_ORDER}
+    if fail:
+        case = collector.cases[5]["case"]
+        props[fail] = {"status": "FAIL", "summary": f"{HOSTILE_MSG}: 1/8 rows exceed the bound", "failures": [{
+            "message": HOSTILE_MSG, "source": "shrunk", "case": case, "describe": f"{op} minimal {HOSTILE}",
+            "replay": Case.from_json(case).replay_command(target, "cuda"), "comparisons": []}]}
+    verdicts = {p: v["status"] for p, v in props.items()}
+    return {"op": op, "target": target, "kind": kind, "examples": 12, "status": "done",
+            "exit_code": 1 if fail else 0, "passed": not fail, "verdicts": verdicts, "elapsed_s": 3.5,
+            "result": {"properties": props}, "cases": collector.cases, "ulp_histograms": collector.histograms}
+
+
+def _bench_document() -> dict[str, Any]:
+    entries = []
+    for op, spec in OPS.items():
+        attention = spec.family == "attention"
+        impls = ["reference", "eager", "compile"] + (["sdpa_flash"] if attention else [])
+        for k, (label, nbytes) in enumerate([("rows=1 N=4096", 2e4), ("rows=1024 N=4096", 2.5e7),
+                                             ("rows=16384 N=8192", 8e8)]):
+            base_us = 3 + nbytes / 3e6
+            for impl in impls:
+                us = base_us * {"reference": 1.0, "eager": 2.4, "compile": 1.3, "sdpa_flash": 0.9}[impl]
+                extra = {"op": op, "impl": impl, "point": label, "dtype": "bfloat16", "bytes_moved": nbytes,
+                         "flops": nbytes * 50,
+                         "gbps": nbytes / us / 1e3, "pct_copy": 100 * nbytes / us / 1e3 / 4000, "copy_gbps": 4000,
+                         "tflops": 300.0 / (1 + (impl != "reference")) if attention else None,
+                         "launches": {"count": 1 if impl == "reference" else 3},
+                         "memory": {"peak_extra_bytes": int(nbytes * (1 if impl == "reference" else 2))},
+                         "nvml": {"available": True, "avg_watts": 420.0 + k, "sm_clock_mhz": 1980,
+                                  "mem_clock_mhz": 3201, "temperature_c": 51, "throttle_reasons": ["gpu_idle"]}}
+                if impl == "reference":
+                    extra.update(intermediate_bytes_avoided=int(nbytes / 2), speedup_vs_eager=2.4,
+                                 speedup_vs_compile=1.3, peak_saved_vs_eager_bytes=int(nbytes))
+                entries.append(benchjson.benchmark_entry(
+                    op=op, impl=impl, point_label=label, dtype="bfloat16", params={"op": op},
+                    samples_s=[us * 1e-6 * (1 + 0.01 * i) for i in range(5)], extra_info=extra))
+    meta = {"copy_gbps": 4000.0, "seconds": 170.2, "interrupted": False,
+            "skipped": [{"op": "attention", "point": "S=4096", "dtype": "bfloat16", "impl": "sdpa_cudnn",
+                         "reason": f"no kernel {HOSTILE}"}]}
+    return benchjson.document(entries, fuseaudit=meta, machine={"node": "synthetic"})
+
+
+def _e2e_document() -> dict[str, Any]:
+    rows, gains = [], []
+    for variant, tpot in (("eager", 9.0), ("fused", 7.5), ("compile", 7.0)):
+        for batch in (1, 8):
+            rows.append({"variant": variant, "batch": batch, "ttft_ms": tpot * 20, "tpot_ms": tpot * (1 + batch / 16),
+                         "tpot_graph_ms": tpot * 0.8, "launches": {"count": 300 if variant == "eager" else 180},
+                         "peak_decode_bytes": 3 << 30, "errors": {}})
+            gains.append({"variant": variant, "batch": batch, "ttft_gain": 9.0 / tpot, "tpot_gain": 9.0 / tpot})
+    return {"schema": "fuseaudit-e2e/1", "dtype": "bfloat16", "prompt_len": 512, "config": {"hidden": 2048},
+            "timing": True, "timing_note": None, "notes": ["matmuls are torch"], "results": rows, "gains": gains,
+            "agreement": {"verdict": "agree", "checks": [{"variant": "fused", "output": "decode_logits",
+                                                          "passed": True, "comparison": {"max_ulp_err": 1.5,
+                                                                                         "ratio_to_eager": 1.1}}]},
+            "microbench": [{"batch": 1, "predicted_gain": 2.1, "measured_gain": 1.2, "eager_share_of_step": 0.25,
+                            "amdahl_gain": 1.15}]}
+
+
+def synthetic_results() -> dict[str, Any]:
+    """A GPU-like results document: every section of the report has something to show."""
+    rng = random.Random(0)
+    env = {"device": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "cuda": "12.8",
+           "python": "3.11", "fuseaudit": "0.1.0", "cpu": {"model": "synthetic", "logical_cores": 16},
+           "gpu": {"name": "NVIDIA H200", "capability": "9.0", "sm_count": 132, "memory_bytes": 150_000_000_000,
+                   "driver": "570.00", "cuda_driver": "12.8", "nvml": {"power_limit_w": 700.0}}}
+    doc = results.new_document("cuda", argv=["fuseaudit", "run"], options={}, environment=env)
+    for op, spec in OPS.items():
+        doc["audits"].append(_audit(op, spec.reference, "reference", rng, fail="numerics" if op == "softmax" else None))
+    doc["audits"].append(_audit("swiglu", f"evil.mod:{HOSTILE}", "builtin", rng))
+    doc["audits"].append({"op": "geglu", "target": f"builtin:{HOSTILE}", "kind": "builtin", "status": "error",
+                          "exit_code": 2, "passed": None, "verdicts": {}, "message": HOSTILE_MSG, "elapsed_s": 0.1,
+                          "result": None, "cases": [], "ulp_histograms": {}})
+    doc["launches"] = {"status": "done", "rows": [
+        {"op": op, "expected": 1, "reference": {"count": 1, "kernels": [f"{op}_kernel"]},
+         "eager": {"count": 3, "kernels": ["a", "b", HOSTILE]}, "compile": {"count": 1, "kernels": ["triton_"]}}
+        for op in OPS]}
+    doc["bench"] = {"status": "done", "seconds": 170.2, "document": _bench_document()}
+    doc["e2e"] = {"status": "done", "document": _e2e_document()}
+    doc["finished"] = True
+    doc["summary"] = {**results.summarize(doc), "elapsed_s": 540.0}
+    return doc
+
+
+# ---------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------
+
+def _assert_self_contained(html: str) -> None:
+    assert not re.search(r"<script\b", html, re.I), "the report has a script element"
+    assert not re.search(r"<link\b", html, re.I), "the report links an external resource"
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.I), "remote src/href"
+    assert not re.search(r"url\(\s*['\"]?\s*(?:https?:)?//", html, re.I), "remote url() in CSS"
+    assert "@import" not in html
+    assert "<!DOCTYPE svg" not in html and "<?xml" not in html
+
+
+@pytest.fixture(scope="module")
+def synthetic_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return report.render([synthetic_results()], tmp_path_factory.mktemp("page") / "synthetic.html")
+
+
+def test_report_is_self_contained_and_escapes_untrusted_text(synthetic_page: Path) -> None:
+    html = synthetic_page.read_text(encoding="utf-8")
+    _assert_self_contained(html)
+    assert HOSTILE not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    for section in ("headline", "summary", "failures", "launches", "tolerance", "speed", "e2e", "environment"):
+        assert f'id="{section}"' in html
+    assert html.count("<svg") >= 5  # ULP histograms, scatter, time, throughput, roofline
+    assert "NVIDIA H200" in html and "softmax" in html and "2.40×" in html
+
+
+def test_results_roundtrip_and_report_rerenders_from_stored_json(tmp_path: Path, capsys) -> None:
+    stored = results.write(tmp_path / "results-cuda.json", synthetic_results())
+    loaded = results.load(stored)
+    assert loaded["schema"] == results.SCHEMA and loaded["summary"]["exit_code"] == 1  # softmax fails
+    assert cli_main(["report", "--results", str(stored), "--out", str(tmp_path / "index.html")]) == 0
+    assert (tmp_path / "index.html").stat().st_size > 10_000
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"benchmarks": []}')
+    assert cli_main(["report", "--results", str(bad), "--out", str(tmp_path / "x.html")]) == 2
+    assert "not a fuseaudit results file" in capsys.readouterr().err
+    assert cli_main(["report", "--results", str(tmp_path / "missing.json")]) == 2
+
+
+def test_tolerance_used_is_error_over_bound() -> None:
+    base = {"passed": True, "max_abs_err": 0.5, "worst_got": 1.5, "worst_oracle": 1.0, "worst_bound": 2.0}
+    assert results.margin(base) == 0.25
+    inf = float("inf")
+    assert results.margin({**base, "worst_got": inf, "worst_oracle": inf}) == 0.0  # matching Inf
+    assert results.margin({**base, "passed": False, "max_abs_err": inf}) == inf  # NaN/Inf parity failure
+    assert results.margin({**base, "worst_bound": 0.0}) is None
+    assert results.number("inf") == inf and results.number("x") is None and results.number(True) is None
+
+
+def test_run_options_are_validated(capsys) -> None:
+    assert cli_main(["run", "--device", "cpu", "--ops", "nope"]) == 2
+    assert "unknown op" in capsys.readouterr().err
+    assert cli_main(["run", "--device", "cpu", "--examples", "0"]) == 2
+    parser = argparse.ArgumentParser()
+    runner.add_arguments(parser)
+    opts = runner._options(parser.parse_args([]), "cpu")
+    assert set(opts["ops"]) == set(OPS) and not opts["bench"] and not opts["builtins"]
+    assert opts["examples"]["attention"] < opts["examples"]["swiglu"]
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """A real, small ``fuseaudit run`` on the CPU: one good reference kernel, one that does not load."""
+    out = tmp_path_factory.mktemp("run")
+    broken = dataclasses.replace(OPS["bias_silu"], reference="fuseaudit.kernels.no_such_module:bias_silu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(OPS, "bias_silu", broken)
+        code = cli_main(["run", "--device", "cpu", "--ops", "swiglu", "bias_silu", "--examples", "2",
+                         "--out", str(out)])
+    return code, out
+
+
+def test_run_on_the_cpu_records_everything_and_survives_a_broken_kernel(cpu_run: tuple[int, Path]) -> None:
+    code, out = cpu_run
+    assert code == 1  # bias_silu's reference kernel does not load: a failure, not a crash
+    doc = results.load(out / "results-cpu.json")
+    assert doc["finished"] and doc["device"] == "cpu"
+    by_op = {a["op"]: a for a in doc["audits"]}
+    assert by_op["swiglu"]["status"] == "done" and by_op["swiglu"]["passed"], by_op["swiglu"]
+    assert by_op["swiglu"]["cases"] and by_op["swiglu"]["ulp_histograms"]
+    assert by_op["bias_silu"]["status"] == "error" and "no_such_module" in by_op["bias_silu"]["message"]
+    assert doc["summary"]["failed"] == [{"op": "bias_silu", "target": by_op["bias_silu"]["target"],
+                                         "message": by_op["bias_silu"]["message"]}]
+    assert {r["op"] for r in doc["launches"]["rows"]} == {"swiglu", "bias_silu"}
+    assert doc["bench"]["status"] == "skipped" and doc["environment"]["torch"]
+    html = (out / "report-cpu.html").read_text(encoding="utf-8")
+    _assert_self_contained(html)
+    assert "no_such_module" in html
+
+
+def test_resume_keeps_finished_audits_and_reruns_the_rest(cpu_run: tuple[int, Path]) -> None:
+    _, out = cpu_run
+    before = results.load(out / "results-cpu.json")
+    kept = next(a for a in before["audits"] if a["op"] == "swiglu")
+    shutil.copy(out / "results-cpu.json", out / "resumed.json")
+    # the real bias_silu kernel this time: the audit that could not run is run again, and passes
+    assert cli_main(["run", "--device", "cpu", "--ops", "swiglu", "bias_silu", "--examples", "2",
+                     "--out", str(out), "--results", str(out / "resumed.json"), "--resume"]) == 0
+    after = results.load(out / "resumed.json")
+    assert next(a for a in after["audits"] if a["op"] == "swiglu") == kept
+    assert next(a for a in after["audits"] if a["op"] == "bias_silu")["passed"]
+    assert after["launches"] == before["launches"]
+
+
+# ---------------------------------------------------------------------------
+# A real browser
+# ---------------------------------------------------------------------------
+
+def _chromium(page: Path, shot: Path, profile: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-default-apps", "--hide-scrollbars", f"--user-data-dir={profile}", "--enable-logging=stderr",
+           "--v=0", f"--screenshot={shot}", "--window-size=1400,3000", page.resolve().as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def _console(log: str) -> list[str]:
+    return [line for line in log.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_browser_check_sees_console_errors(tmp_path: Path) -> None:
+    """The check below is not vacuous: a page that throws shows up in Chromium's log."""
+    page = tmp_path / "bad.html"
+    page.write_text("<html><body><p>x</p><script>undefined_fn();</script></body></html>")
+    proc = _chromium(page, tmp_path / "bad.png", tmp_path / "profile")
+    assert any("Uncaught ReferenceError" in line for line in _console(proc.stdout + proc.stderr))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_report_opens_in_headless_chromium_without_errors(tmp_path: Path, synthetic_page: Path,
+                                                         cpu_run: tuple[int, Path]) -> None:
+    pages = {"synthetic": synthetic_page, "cpu": cpu_run[1] / "report-cpu.html"}
+    for name, page in pages.items():
+        shot = tmp_path / f"{name}.png"
+        proc = _chromium(page, shot, tmp_path / f"profile-{name}")
+        log = proc.stdout + proc.stderr
+        assert not _console(log), _console(log)  # the page has no script: any console line is a fault
+        assert not re.search(r"net::ERR_|Failed to load resource", log), log[-2000:]
+        assert shot.exists() and shot.stat().st_size > 50_000, (proc.returncode, log[-2000:])
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_merged_cpu_and_gpu_results(tmp_path: Path, cpu_run: tuple[int, Path]) -> None:
+    gpu = results.write(tmp_path / "results-cuda.json", synthetic_results())
+    out = tmp_path / "index.html"
+    assert cli_main(["report", "--results", str(cpu_run[1] / "results-cpu.json"), str(gpu), "--out", str(out)]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "cpu · " in html and "cuda · NVIDIA H200" in html
+    assert json.loads((cpu_run[1] / "results-cpu.json").read_text())["schema"] == results.SCHEMA
