@@ -1,0 +1,302 @@
+"""Fused LayerNorm, and residual add + LayerNorm, in one kernel launch.
+
+The maths, per row ``x`` of ``N`` elements (the last dim)::
+
+    mean = sum(x) / N                  # plus one correction, sum(x - mean) / N,
+                                       # so a constant row has mean == its value
+    var  = sum((x - mean)^2) / N       # two-pass: never E[x^2] - E[x]^2, which
+                                       # cancels on near-constant rows
+    rstd = 1 / sqrt(var + eps)         # eps keeps constant rows finite
+    y    = (x - mean) * rstd * w + b   # rounded to the input dtype once, at the store
+
+and the fused residual variant, as an eager ``h = x + residual`` would do it::
+
+    h = round_to_dtype(x + residual)   # the rounded h is returned ...
+    y = layer_norm(h)                  # ... and it is what gets normalised
+
+Every element is loaded in its own dtype, upcast to float32, and only the
+stores round.
+
+Two kernels share the work:
+
+* :func:`layer_norm_kernel` keeps whole rows in registers, so the second pass
+  over ``x - mean`` costs no memory traffic: one read of each input, one
+  write of each output.  Short rows go ``BLOCK_M`` to a program.
+* :func:`layer_norm_wide_kernel` is for rows wider than ``_MAX_FUSED_BYTES``.
+  Pass 1 loops over column blocks; each block's mean and sum of squared
+  deviations ``M2`` are two-pass values (the block is in registers), and
+  blocks merge with Chan et al.'s parallel formula, which has no cancellation::
+
+      n = n_a + n_b,  delta = mean_b - mean_a
+      mean = mean_a + delta * n_b / n
+      M2   = M2_a + M2_b + delta^2 * n_a * n_b / n
+
+  (both running sums carry Kahan compensations).  Pass 2 normalises, so the
+  row is read twice (the second read usually hits L2).
+
+Rows are addressed in place whatever the strides (see ``_rows.py``); the
+outputs are new contiguous tensors, so an output row starts at ``row * N``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._rows import check_tensors, interpreting, next_pow2, row_layout, row_offsets
+
+# Widest row a program keeps whole in registers, in bytes of the input dtype:
+# 32768 elements of float16/bfloat16, 16384 of float32.  Upcast to float32
+# that is up to 64 registers per thread at 16 warps.  Wider rows take the
+# looped two-pass kernel.  Tests lower it to reach that path with small rows.
+_MAX_FUSED_BYTES = 65536
+# For short rows, one program takes about this many elements (several rows) ...
+_ROW_TILE = 2048
+# ... but only while the grid keeps at least this many programs.
+_MIN_PROGRAMS = 1024
+_MAX_WARPS = 16
+# Triton's CPU interpreter pays per program, not per element: there, one
+# program takes as many rows as fit in this many elements.  (Like triton.jit
+# itself, which picks the interpreter when the kernel is defined, this is
+# decided at import.)
+_INTERPRETING = interpreting()
+_INTERPRETER_TILE = 1 << 20
+
+
+def _launch_config(rows: int, n: int, element_size: int) -> tuple[int, int, int, bool]:
+    """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for ``rows`` rows of ``n`` elements."""
+    cap = max(_MAX_FUSED_BYTES // element_size, 1)
+    block_n = next_pow2(n)
+    wide = block_n > cap
+    if wide:  # loop over the row in blocks of half the cap
+        block_m, block_n = 1, max(next_pow2(cap) // 2, 1)
+    else:
+        by_tile = max(_ROW_TILE // block_n, 1)
+        by_grid = max(rows // _MIN_PROGRAMS, 1)
+        block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
+        if _INTERPRETING:
+            block_m = min(next_pow2(rows), max(_INTERPRETER_TILE // block_n, 1))
+    # about 8 elements per thread (one 16-byte vector of a 2-byte dtype)
+    num_warps = min(max(block_m * block_n // 256, 1), _MAX_WARPS)
+    return block_m, block_n, num_warps, wide
+
+
+# Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles
+# subnormals) where the GPU's cvt.rn rounds to nearest even.  Under the
+# interpreter only, round the bits by hand.
+_ROUND_BF16_BY_HAND = tl.constexpr(_INTERPRETING)
+
+
+@triton.jit
+def _to_dtype(v, dtype: tl.constexpr):
+    """Round float32 ``v`` to ``dtype`` to nearest even, also under the interpreter."""
+    out = v.to(dtype)
+    if _ROUND_BF16_BY_HAND:
+        if dtype == tl.bfloat16:
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            rounded = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            out = tl.where(v == v, rounded, out)  # NaN stays NaN
+    return out
+
+
+@triton.jit
+def layer_norm_kernel(
+    X, R, W, B, Y, H,  # input, residual, weight, bias, output y, output h
+    n_rows, N, D1, D2,  # rows, hidden size, folded leading dims (see _rows.py)
+    sx0, sx1, sx2, sxn,  # strides of x
+    sr0, sr1, sr2, srn,  # strides of residual
+    swn, sbn,  # strides of weight and bias
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # A tile of BLOCK_M whole rows: BLOCK_N >= N.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+
+    x_off = row_offsets(rows, D1, D2, sx0, sx1, sx2)[:, None] + cols[None, :].to(tl.int64) * sxn
+    x = tl.load(X + x_off, mask=mask, other=0.0).to(tl.float32)
+    out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    if HAS_RESIDUAL:
+        r_off = row_offsets(rows, D1, D2, sr0, sr1, sr2)[:, None] + cols[None, :].to(tl.int64) * srn
+        r = tl.load(R + r_off, mask=mask, other=0.0).to(tl.float32)
+        h = _to_dtype(x + r, H.dtype.element_ty)  # round as eager's x + residual does
+        tl.store(H + out_off, h, mask=mask)
+        x = h.to(tl.float32)  # normalise the rounded h
+
+    # Statistics on the row in registers; masked lanes must not count, so
+    # their deviations are zeroed.  The mean gets one correction step, so that
+    # a constant row has exactly its value as mean, zero deviations, y = b.
+    mean = tl.math.div_rn(tl.sum(x, axis=1), N * 1.0)
+    mean += tl.math.div_rn(tl.sum(tl.where(mask, x - mean[:, None], 0.0), axis=1), N * 1.0)
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.math.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
+
+    w = tl.load(W + cols * swn, mask=col_mask, other=0.0).to(tl.float32)
+    b = tl.load(B + cols * sbn, mask=col_mask, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(Y + out_off, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layer_norm_wide_kernel(
+    X, R, W, B, Y, H,
+    N, D1, D2,
+    sx0, sx1, sx2, sxn,
+    sr0, sr1, sr2, srn,
+    swn, sbn,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # One row per program, BLOCK_N < N columns at a time.
+    row = tl.program_id(0)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2)
+    out = row.to(tl.int64) * N
+
+    # Pass 1: mean and M2 block by block, merged with Chan's formula.
+    # With a residual, h = x + residual is formed, rounded and stored here.
+    # mean and M2 are running sums over the blocks: each keeps a Kahan
+    # compensation (what its roundings added), or on a near-constant row
+    # (mean >> std) the rounding of the mean at every block would pile up.
+    mean = tl.zeros([], dtype=tl.float32)
+    mean_c = tl.zeros([], dtype=tl.float32)
+    m2 = tl.zeros([], dtype=tl.float32)
+    m2_c = tl.zeros([], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x_ptrs = x_row + cols.to(tl.int64) * sxn
+        if HAS_RESIDUAL:  # x and residual are not read again: h is
+            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+            r_ptrs = r_row + cols.to(tl.int64) * srn
+            r = tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+            h = _to_dtype(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
+            tl.store(H + out + cols, h, mask=mask)
+            x = h.to(tl.float32)
+        else:  # ask L2 to keep x for pass 2
+            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+            x = x.to(tl.float32)
+        n_a = start * 1.0  # elements merged so far
+        n_b = tl.sum(mask.to(tl.float32), axis=0)  # elements in this block
+        mean_b = tl.math.div_rn(tl.sum(x, axis=0), n_b)
+        mean_b += tl.math.div_rn(tl.sum(tl.where(mask, x - mean_b, 0.0), axis=0), n_b)
+        xc = tl.where(mask, x - mean_b, 0.0)
+        m2_b = tl.sum(xc * xc, axis=0)
+        n = n_a + n_b
+        delta = (mean_b - mean) + mean_c  # mean_b minus the running mean
+        add = delta * tl.math.div_rn(n_b, n) - mean_c
+        total = mean + add
+        mean_c = (total - mean) - add
+        mean = total
+        add = m2_b + delta * delta * tl.math.div_rn(n_a * n_b, n) - m2_c
+        total = m2 + add
+        m2_c = (total - m2) - add
+        m2 = total
+    mean -= mean_c
+    var = tl.math.div_rn(m2 - m2_c, N * 1.0)
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
+
+    if HAS_RESIDUAL:
+        # Pass 2 reads h back; make this program's stores visible to all its threads.
+        tl.debug_barrier()
+    # Pass 2: normalise and store, walking the row backwards: the blocks that
+    # pass 1 read last are the likeliest to be in cache still.
+    last = (N - 1) // BLOCK_N * BLOCK_N
+    for offset in range(0, N, BLOCK_N):
+        cols = (last - offset) + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        if HAS_RESIDUAL:
+            x_ptrs = H + out + cols
+        else:
+            x_ptrs = x_row + cols.to(tl.int64) * sxn
+        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(W + cols * swn, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(B + cols * sbn, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w + b
+        tl.store(Y + out + cols, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+
+
+def _layer_norm(
+    op: str,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Check, lay out and launch; returns ``(y, h)`` (``h`` is None without a residual)."""
+    if residual is None:
+        check_tensors(op, x=x, weight=weight, bias=bias)
+    else:
+        check_tensors(op, x=x, residual=residual, weight=weight, bias=bias)
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dim (the hidden dim), got a scalar")
+    n = x.shape[-1]
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v.dim() != 1 or v.shape[0] != n:
+            raise ValueError(f"{op}: {name} must have shape ({n},), got {tuple(v.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(
+            f"{op}: residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}"
+        )
+
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h = None if residual is None else torch.empty_like(y)
+    if y.numel() == 0:
+        return y, h
+    inputs = (x,) if residual is None else (x, residual)
+    layout = row_layout(x.shape, *inputs)
+    sx = layout.strides[0]
+    sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
+    _, d1, d2 = layout.dims
+    block_m, block_n, num_warps, wide = _launch_config(layout.rows, n, x.element_size())
+    r_arg = x if residual is None else residual  # never read without a residual
+    h_arg = y if h is None else h  # never written without a residual
+    if wide:
+        layer_norm_wide_kernel[(layout.rows,)](
+            x, r_arg, weight, bias, y, h_arg, n, d1, d2, *sx, *sr,
+            weight.stride(0), bias.stride(0), float(eps),
+            HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=num_warps,
+        )
+    else:
+        layer_norm_kernel[(triton.cdiv(layout.rows, block_m),)](
+            x, r_arg, weight, bias, y, h_arg, layout.rows, n, d1, d2, *sx, *sr,
+            weight.stride(0), bias.stride(0), float(eps),
+            HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
+    return y, h
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5
+) -> torch.Tensor:
+    """``F.layer_norm(x, (N,), weight, bias, eps)`` in one launch; ``x`` is ``(..., N)``."""
+    return _layer_norm("layer_norm", x, None, weight, bias, eps)[0]
+
+
+def add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual; (F.layer_norm(h, (N,), weight, bias, eps), h)`` in one launch.
+
+    ``h`` is rounded to the input dtype before it is normalised, as in eager.
+    """
+    y, h = _layer_norm("add_layer_norm", x, residual, weight, bias, eps)
+    assert h is not None
+    return y, h
+
+
+__all__ = ["add_layer_norm", "layer_norm", "layer_norm_kernel", "layer_norm_wide_kernel"]

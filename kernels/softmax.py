@@ -1,0 +1,244 @@
+"""Fused scaled softmax over the last dim, in one kernel launch.
+
+The maths, per row ``x`` of ``N`` elements::
+
+    s = x * scale                      # in float32: no half-precision overflow
+    m = max(s)                         # subtracting it keeps exp() <= 1, so
+    e = exp(s - m)                     # logits ~ 10000 cannot overflow
+    y = e / sum(e)                     # rounded to the input dtype at the store
+
+Masked lanes (past the end of the row) hold ``-inf`` after the scaling, so
+they neither raise the max nor add to the sum (``exp(-inf) = 0``).
+
+Two kernels share the work:
+
+* :func:`softmax_kernel` keeps whole rows in registers: one read, one write.
+  Short rows go ``BLOCK_M`` to a program.
+* :func:`softmax_wide_kernel` is for rows wider than ``_MAX_FUSED_BYTES``.
+  Pass 1 is the "online" softmax over column blocks: it keeps a reference
+  ``m`` (the running max) and a running sum ``d`` of ``exp(s - m)``,
+  rescaling the sum when the max grows::
+
+      m' = max(s_block)  if it exceeds m by more than RESCALE_SLACK,  else m
+      d' = d * exp(m - m') + sum(exp(s_block - m'))
+
+  Each rescale costs an ulp or two of ``d``, so ``m`` moves only for a real
+  jump (the exps of logits it lags behind stay below ``e^8``: no overflow),
+  and ``d`` is summed with Kahan's compensation.  Pass 2 writes
+  ``exp(s - m) / d``, so the row is read twice (the second read usually hits
+  L2).
+
+Precision of ``exp``: see :func:`_exp`.  Every output, however tiny (a row of
+100k columns gives outputs near 1e-5; logits 100 below the max give 1e-44),
+keeps its relative precision rather than turning into zero.
+
+Rows are addressed in place whatever the strides (see ``_rows.py``); the
+output is a new contiguous tensor, so an output row starts at ``row * N``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._rows import check_tensors, interpreting, next_pow2, row_layout, row_offsets
+
+# Widest row a program keeps whole in registers, in bytes of the input dtype:
+# 32768 elements of float16/bfloat16, 16384 of float32.  Upcast to float32
+# that is up to 64 registers per thread at 16 warps.  Wider rows take the
+# looped two-pass kernel.  Tests lower it to reach that path with small rows.
+_MAX_FUSED_BYTES = 65536
+# For short rows, one program takes about this many elements (several rows) ...
+_ROW_TILE = 2048
+# ... but only while the grid keeps at least this many programs.
+_MIN_PROGRAMS = 1024
+_MAX_WARPS = 16
+# Triton's CPU interpreter pays per program, not per element: there, one
+# program takes as many rows as fit in this many elements.  (Like triton.jit
+# itself, which picks the interpreter when the kernel is defined, this is
+# decided at import.)
+_INTERPRETING = interpreting()
+_INTERPRETER_TILE = 1 << 20
+
+# exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LOG2E_LO is
+# what that rounding drops.
+LOG2E = tl.constexpr(1.4426950216293335)  # float32(log2 e), exact in float32
+LOG2E_LO = tl.constexpr(1.92596298909109e-08)  # log2 e - float32(log2 e)
+LN2 = tl.constexpr(0.6931471805599453)
+TWO_POW_M64 = tl.constexpr(5.421010862427522e-20)  # 2^-64, exact
+# The wide kernel moves its reference max only for jumps beyond this (in logits).
+RESCALE_SLACK = tl.constexpr(8.0)
+
+
+def _launch_config(rows: int, n: int, element_size: int) -> tuple[int, int, int, bool]:
+    """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for ``rows`` rows of ``n`` elements."""
+    cap = max(_MAX_FUSED_BYTES // element_size, 1)
+    block_n = next_pow2(n)
+    wide = block_n > cap
+    if wide:  # loop over the row in blocks of half the cap
+        block_m, block_n = 1, max(next_pow2(cap) // 2, 1)
+    else:
+        by_tile = max(_ROW_TILE // block_n, 1)
+        by_grid = max(rows // _MIN_PROGRAMS, 1)
+        block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
+        if _INTERPRETING:
+            block_m = min(next_pow2(rows), max(_INTERPRETER_TILE // block_n, 1))
+    # about 8 elements per thread (one 16-byte vector of a 2-byte dtype)
+    num_warps = min(max(block_m * block_n // 256, 1), _MAX_WARPS)
+    return block_m, block_n, num_warps, wide
+
+
+# Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles
+# subnormals) where the GPU's cvt.rn rounds to nearest even.  Under the
+# interpreter only, round the bits by hand.
+_ROUND_BF16_BY_HAND = tl.constexpr(_INTERPRETING)
+
+
+@triton.jit
+def _to_dtype(v, dtype: tl.constexpr):
+    """Round float32 ``v`` to ``dtype`` to nearest even, also under the interpreter."""
+    out = v.to(dtype)
+    if _ROUND_BF16_BY_HAND:
+        if dtype == tl.bfloat16:
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            rounded = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            out = tl.where(v == v, rounded, out)  # NaN stays NaN
+    return out
+
+
+@triton.jit
+def _exp(u, PRECISE: tl.constexpr):
+    """``exp(u)`` in float32 for a logit ``u`` minus the row max (``u <= 8``; ``-inf`` gives 0).
+
+    On NVIDIA GPUs ``exp2`` is ``ex2.approx.ftz``: about 2 ulp, but results
+    below 2^-126 (float32 and bfloat16 subnormals) are flushed to zero.  So
+    for ``t = u * log2 e < -126`` take ``2^(t + 64)`` (normal; ``t + 64`` is
+    exact there) and scale it by ``2^-64`` with an exact, subnormal-aware
+    multiply.
+
+    ``PRECISE`` (float32 outputs): rounding ``t`` itself costs ``|t| * 2^-24``
+    relative, ~50 ulp at ``u = -100``.  Add back what the product dropped,
+    ``c = fma(u, LOG2E, -t) + u * LOG2E_LO``, as ``2^(t + c) ~ 2^t * (1 + c ln 2)``.
+    Half-precision outputs have 2^-11 ulps and do not need it.
+    """
+    t = u * LOG2E
+    tiny = t < -126.0
+    e = tl.exp2(tl.where(tiny, t + 64.0, t))
+    if PRECISE:
+        c = (tl.fma(u, LOG2E, -t) + u * LOG2E_LO) * LN2
+        e = tl.where(e > 0.0, e + e * c, e)  # e = 0 where u = -inf, and c is NaN there
+    return tl.where(tiny, e * TWO_POW_M64, e)
+
+
+@triton.jit
+def softmax_kernel(
+    X, Y,  # input, output
+    n_rows, N, D1, D2,  # rows, hidden size, folded leading dims (see _rows.py)
+    sx0, sx1, sx2, sxn,  # strides of x
+    scale,
+    PRECISE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # A tile of BLOCK_M whole rows: BLOCK_N >= N.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = (cols < N)[None, :]
+    mask = (rows < n_rows)[:, None] & col_mask
+
+    x_off = row_offsets(rows, D1, D2, sx0, sx1, sx2)[:, None] + cols[None, :].to(tl.int64) * sxn
+    x = tl.load(X + x_off, mask=mask, other=0.0).to(tl.float32)
+    # Scale first, then mask: -inf * scale would be +inf or NaN for scale <= 0.
+    # (Rows past the end keep their zeros: no -inf - -inf = NaN in their lanes.)
+    s = tl.where(col_mask, x * scale, float("-inf"))
+
+    m = tl.max(s, axis=1)
+    e = _exp(s - m[:, None], PRECISE)
+    d = tl.sum(e, axis=1)  # >= 1: the max contributes exp(0)
+    y = e * tl.math.div_rn(1.0, d)[:, None]
+
+    out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(Y + out_off, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_wide_kernel(
+    X, Y,
+    N, D1, D2,
+    sx0, sx1, sx2, sxn,
+    scale,
+    PRECISE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # One row per program, BLOCK_N < N columns at a time.
+    row = tl.program_id(0)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2)
+    out = row.to(tl.int64) * N
+
+    # Pass 1: a reference m (the running max, give or take RESCALE_SLACK) and
+    # the running sum d of exp(s - m).
+    m = tl.full([], float("-inf"), dtype=tl.float32)
+    d = tl.zeros([], dtype=tl.float32)
+    d_lost = tl.zeros([], dtype=tl.float32)  # Kahan: what rounding d has dropped
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0,
+                    eviction_policy="evict_last")  # ask L2 to keep x for pass 2
+        s = tl.where(mask, x.to(tl.float32) * scale, float("-inf"))
+        m_blk = tl.max(s, axis=0)
+        m_new = tl.where(m_blk > m + RESCALE_SLACK, m_blk, m)
+        # While every logit so far is -inf, measure from 0 (exps are 0, not NaN).
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = _exp(m - m_ref, PRECISE)  # 1 unless the reference moved
+        # d = d * alpha + sum(exp(s - m')), compensated: a plain running sum
+        # over many blocks would lose about sqrt(blocks) ulps.
+        d = d * alpha
+        add = tl.sum(_exp(s - m_ref, PRECISE), axis=0) - d_lost * alpha
+        d_new = d + add
+        d_lost = (d_new - d) - add
+        d = d_new
+        m = m_new
+    inv_d = tl.math.div_rn(1.0, d)
+
+    # Pass 2: normalise and store, walking the row backwards: the blocks that
+    # pass 1 read last are the likeliest to be in cache still.
+    last = (N - 1) // BLOCK_N * BLOCK_N
+    for offset in range(0, N, BLOCK_N):
+        cols = (last - offset) + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0,
+                    eviction_policy="evict_first")
+        y = _exp(x.to(tl.float32) * scale - m, PRECISE) * inv_d
+        tl.store(Y + out + cols, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+
+
+def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``torch.softmax(x * scale, dim=-1)`` in one launch; ``x`` is ``(..., N)``, any strides."""
+    check_tensors("softmax", x=x)
+    if x.dim() == 0:
+        raise ValueError("softmax: x must have at least one dim (the hidden dim), got a scalar")
+    n = x.shape[-1]
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    layout = row_layout(x.shape, x)
+    _, d1, d2 = layout.dims
+    block_m, block_n, num_warps, wide = _launch_config(layout.rows, n, x.element_size())
+    precise = x.dtype == torch.float32
+    if wide:
+        softmax_wide_kernel[(layout.rows,)](
+            x, y, n, d1, d2, *layout.strides[0], float(scale),
+            PRECISE=precise, BLOCK_N=block_n, num_warps=num_warps,
+        )
+    else:
+        softmax_kernel[(triton.cdiv(layout.rows, block_m),)](
+            x, y, layout.rows, n, d1, d2, *layout.strides[0], float(scale),
+            PRECISE=precise, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        )
+    return y
+
+
+__all__ = ["softmax", "softmax_kernel", "softmax_wide_kernel"]
