@@ -232,13 +232,18 @@ def summary(runs: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any
 
 
 def failures(runs: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any]]:
-    """Every failing property (first three cases each) and every audit that could not run."""
+    """Every failing property (first three cases each) and every audit that could not run.
+
+    Audits skipped on purpose (a time limit, an option) are listed in the verdicts table, not here.
+    """
     from .audit_result import figures
 
     out = []
     for run, label in zip(runs, labels):
         for a in run["audits"]:
             base = {"run": label, "op": a["op"], "target": a["target"], "kind": a["kind"]}
+            if a["status"] == "skipped":
+                continue
             if a["status"] != "done":
                 out.append({**base, "prop": a["status"], "message": a.get("message", ""), "cases": [], "more": 0})
                 continue
