@@ -75,6 +75,8 @@ def short_name(kernel: str) -> str:
     becomes ``...[MulFunctor]``.
     """
     name = kernel.removeprefix("void ").strip()
+    if name.startswith("aten::"):  # the interpreter's count of eager ops: already short
+        return name
     if "<" not in name:
         return name.split("(")[0].split("::")[-1]
     base, _, rest = name.partition("<")
