@@ -223,7 +223,7 @@ def compare(
     if cmp.passed:
         cmp.reason = "within bound"
     else:
-        how = (f"{factor:g} x eager's error {eager_worst:.3g} + {noise_ulps:g} ulp"
+        how = (f"{factor:g} x eager's error {eager_worst:.3g} + noise {float(noise[worst_row]):.3g}"
                if cmp.yardstick == "eager" else
                f"the dtype bound of {fallback_ulps:g} ulp (eager is non-finite or far off here)")
         cmp.reason = (
