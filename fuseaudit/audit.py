@@ -81,6 +81,7 @@ def audit(
     isolate: bool = True,
     progress: bool = False,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> AuditResult:
     """Audit ``target`` (``module:function``, ``file.py:function`` or ``builtin:NAME``) as op ``op``.
 
@@ -94,7 +95,8 @@ def audit(
     ``isolate=False`` runs the target in this process; ``progress`` shows
     progress on stderr when it is a terminal; ``on_event`` receives every
     event of the worker's log as it comes (``fuseaudit run`` draws its
-    progress and its per-case figures from them).
+    progress and its per-case figures from them); ``env`` extra environment variables of the
+    child processes (``fuseaudit run --workers`` gives each its GPU by ``CUDA_VISIBLE_DEVICES``).
     """
     start = time.perf_counter()
     spec = _get_op(op)
@@ -116,7 +118,7 @@ def audit(
 
             with tempfile.TemporaryDirectory(prefix="fuseaudit-audit-") as tmp:
                 events = run_isolated(job, timeout=timeout, setup_timeout=max(SETUP_TIMEOUT_S, timeout),
-                                      workdir=Path(tmp), on_event=on_event)
+                                      workdir=Path(tmp), on_event=on_event, env=env)
         else:
             from .supervise import run_in_process
 
@@ -161,7 +163,7 @@ def _job(spec: OpSpec, target: str, *, device: str, examples: int, seed: int | N
         raise AuditUsageError(f"--examples must be a positive integer, got {examples!r}")
     if launches is not None and (not isinstance(launches, int) or launches < 1):
         raise AuditUsageError(f"--launches must be a positive integer, got {launches!r}")
-    profile = profile or ("gpu" if device == "cuda" else "ci")
+    profile = profile or ("gpu" if device.startswith("cuda") else "ci")
     if profile not in SIZE_PROFILES:
         raise AuditUsageError(f"unknown profile {profile!r}; known: {', '.join(SIZE_PROFILES)}")
     dtype_list = _split(dtypes) or None

@@ -38,7 +38,7 @@ def launch_table(ops: list[str], device: str) -> list[dict[str, Any]]:
         args = [inputs[n] for n in spec.input_names]
         row: dict[str, Any] = {"op": name, "expected": spec.launches}
         impls = {"reference": spec.load_reference(), "eager": spec.eager}
-        if device == "cuda":
+        if device.startswith("cuda"):
             impls["compile"] = torch.compile(spec.eager, dynamic=False)
         for label, fn in impls.items():
             try:

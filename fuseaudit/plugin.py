@@ -19,6 +19,11 @@ fail, listing the kernels, when any block it counted launched another number::
         my_fused_op(x)                 # warm-up: compilation is not counted
         with fuseaudit_launches:
             my_fused_op(x)
+
+Under pytest-xdist (``-n N``) worker ``gwK`` is pinned to GPU ``K % device_count``
+(``torch.cuda.set_device``) and ``fuseaudit_device`` is that GPU, ``"cuda:<index>"``; on the CPU
+there is nothing to pin.  Every test's report carries the device in its
+``user_properties`` (``("fuseaudit_device", device)``, in junit XML too).
 """
 
 from __future__ import annotations
@@ -48,7 +53,21 @@ def pytest_configure(config: pytest.Config) -> None:
     profile = config.getoption("--fuseaudit-profile") or os.environ.get("FUSEAUDIT_PROFILE")
     if profile:
         profiles.activate(profile)
-    config._fuseaudit_device = profiles.resolve_device(config.getoption("--fuseaudit-device"))  # type: ignore[attr-defined]
+    device = profiles.resolve_device(config.getoption("--fuseaudit-device"))
+    worker = xdist_worker_index()
+    if device == "cuda" and worker is not None:  # one GPU per xdist worker, round-robin
+        import torch
+
+        index = worker % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = f"cuda:{index}"
+    config._fuseaudit_device = device  # type: ignore[attr-defined]
+
+
+def xdist_worker_index() -> int | None:
+    """``K`` of pytest-xdist's worker ``gwK`` (``$PYTEST_XDIST_WORKER``); None outside xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -56,19 +75,24 @@ def pytest_report_header(config: pytest.Config) -> str:
     import triton
 
     device = getattr(config, "_fuseaudit_device", "?")
-    where = torch.cuda.get_device_name() if device == "cuda" else "CPU, Triton interpreter"
-    return (f"fuseaudit: device={device} ({where}), profile={os.environ.get('FUSEAUDIT_PROFILE', 'user')}, "
+    where = torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU, Triton interpreter"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    on = f"worker {worker} -> " if worker else ""
+    return (f"fuseaudit: {on}device={device} ({where}), profile={os.environ.get('FUSEAUDIT_PROFILE', 'user')}, "
             f"torch {torch.__version__}, triton {triton.__version__}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("fuseaudit_gpu") and getattr(item.config, "_fuseaudit_device", "cpu") != "cuda":
+    device = getattr(item.config, "_fuseaudit_device", "cpu")
+    if ("fuseaudit_device", device) not in item.user_properties:  # every phase's report carries it
+        item.user_properties.append(("fuseaudit_device", device))
+    if item.get_closest_marker("fuseaudit_gpu") and not device.startswith("cuda"):
         pytest.skip("needs a CUDA device (timing, profiler and NVML figures are only real on a GPU)")
 
 
 @pytest.fixture(scope="session")
 def fuseaudit_device(pytestconfig: pytest.Config) -> str:
-    """``"cuda"`` or ``"cpu"`` (with Triton's interpreter on)."""
+    """``"cuda"``, ``"cuda:K"`` (xdist worker ``gwK``'s GPU) or ``"cpu"`` (with Triton's interpreter on)."""
     return pytestconfig._fuseaudit_device  # type: ignore[attr-defined]
 
 

@@ -55,13 +55,20 @@ def activate(profile: str) -> None:
 def resolve_device(device: str = "auto") -> str:
     """``cuda`` when asked for or available; else ``cpu`` with Triton's interpreter on.
 
+    ``cuda:K`` (one GPU of several: a pytest-xdist worker's) is kept as it is.
+
     The interpreter switch must be set before any kernel module is imported,
     which is why every entry point calls this first.
     """
     import torch
 
+    if device.startswith("cuda:"):
+        index = device[len("cuda:"):]
+        if not index.isdigit() or int(index) >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: no such CUDA device ({torch.cuda.device_count()} available)")
+        return device
     if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:K, got {device!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():

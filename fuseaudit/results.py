@@ -18,6 +18,8 @@ Schema ``fuseaudit-results/1`` (every float finite or one of the strings
                     exit_code: 0 | 1 | 2, passed: bool | null (null unless done),
                     verdicts: {property: "PASS" | "FAIL" | "SKIP"}, message (why, where not done),
                     elapsed_s, examples,
+                    worker: the ``--workers`` slot that ran it (0 without), device: "cpu" | "cuda:K"
+                    (the GPU it ran on) -- both absent in files written before ``--workers``,
                     cases: [case_record(...)],             one per checked case (search / replay)
                     ulp_histograms: {dtype: {output: [counts per tolerance.ULP_BINS bin]}},
                     result: AuditResult.to_dict() or null}]
@@ -239,7 +241,7 @@ def environment(device: str) -> dict[str, Any]:
     env["cpu"] = {"model": _cpu_model(), "logical_cores": os.cpu_count()}
     env["git_commit"] = _git_commit()
     env["gpu"] = None
-    if device == "cuda":
+    if device.startswith("cuda"):
         from .benchjson import gpu_info
 
         try:

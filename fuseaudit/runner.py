@@ -24,6 +24,12 @@ slowest under the interpreter, gets the fewest examples).  On a GPU the run
 is bounded by its examples and the bench/e2e budgets; ``--time-limit S``
 bounds the whole run (``--resume`` continues one that was cut short).
 
+``--workers N`` (``--gpus N``) runs up to N audits at once, each in its own
+child process as always: on CUDA worker ``i`` gives its children
+``CUDA_VISIBLE_DEVICES`` of GPU ``i`` (so N <= the GPUs there are), on the CPU
+N interpreter children run side by side.  Each audit entry records its
+``worker`` and ``device``; entries stay in job order.
+
 Exit codes: 0 every reference kernel passed every property; 1 a reference
 kernel failed a property, or could not be audited (missing, does not load);
 2 the run could not run (bad option, no such device, unwritable output, or
@@ -35,12 +41,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import pathlib
+import queue
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -84,6 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=None, metavar="S",
                         help="wall-clock budget of the whole run: bench and e2e shrink to fit, audits that would "
                              "not fit are recorded as not run (default: none)")
+    parser.add_argument("--workers", "--gpus", type=int, default=1, metavar="N",
+                        help="audits run at once, each in its own child; on CUDA one GPU each (default 1)")
     parser.add_argument("--out", default="reports", metavar="DIR", help="where results and report go (reports/)")
     parser.add_argument("--results", default=None, metavar="PATH",
                         help="results JSON (default: DIR/results-<device>.json)")
@@ -112,6 +123,14 @@ def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
         raise ValueError("--shrink-time must be zero or positive")
     if args.time_limit is not None and not args.time_limit > 0:
         raise ValueError("--time-limit must be positive")
+    workers = getattr(args, "workers", 1)
+    if workers < 1:
+        raise ValueError(f"--workers must be a positive integer, got {workers}")
+    if device == "cuda":
+        import torch
+
+        if workers > torch.cuda.device_count():
+            raise ValueError(f"--workers {workers}: only {torch.cuda.device_count()} CUDA device(s) here")
     gpu = device == "cuda"
     rows_n, attn_n = DEFAULT_EXAMPLES[device]
     examples = {o: args.examples or (attn_n if OPS[o].family == "attention" else rows_n) for o in ops}
@@ -124,7 +143,7 @@ def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "builtins": gpu if args.builtins is None else args.builtins,
         "bench": gpu if args.bench is None else args.bench, "bench_seconds": args.bench_seconds,
         "e2e": (gpu and e2e_exists) if args.e2e is None else args.e2e, "e2e_seconds": args.e2e_seconds,
-        "time_limit": args.time_limit,
+        "time_limit": args.time_limit, "workers": workers,
     }
 
 
@@ -145,8 +164,11 @@ def _jobs(options: dict[str, Any], device: str) -> list[tuple[str, str, str, int
 # ---------------------------------------------------------------------------
 
 def audit_entry(op: str, target: str, kind: str, examples: int, *, device: str, options: dict[str, Any],
-                progress: Any = None) -> dict[str, Any]:
-    """Audit one target; every outcome (usage error, internal error) is an entry, never an exception."""
+                progress: Any = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Audit one target; every outcome (usage error, internal error) is an entry, never an exception.
+
+    ``env``: extra environment of the audit's children (a worker's ``CUDA_VISIBLE_DEVICES``).
+    """
     from .audit import AuditUsageError, _chain, audit
 
     entry: dict[str, Any] = {"op": op, "target": target, "kind": kind, "examples": examples, "verdicts": {},
@@ -159,7 +181,7 @@ def audit_entry(op: str, target: str, kind: str, examples: int, *, device: str, 
         try:
             res = audit(op, target, examples=examples, seed=options["seed"], device=device,
                         shrink_time=options["shrink_time"], progress=False,
-                        on_event=_chain(collector, progress.on_event if progress else None))
+                        on_event=_chain(collector, progress.on_event if progress else None), env=env)
         except AuditUsageError as exc:
             entry.update(status="error", exit_code=2, message=" ".join(str(exc).split()))
         except Exception as exc:  # a bug of fuseaudit's own must not lose the other ops
@@ -263,6 +285,18 @@ def e2e_step(device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
 # The run
 # ---------------------------------------------------------------------------
 
+def worker_device(device: str, worker: int) -> tuple[str, dict[str, str] | None]:
+    """(device recorded, extra child environment) of worker ``worker`` of a run on ``device``.
+
+    On CUDA the worker's children see one GPU: the ``worker``-th of ours (of our own
+    ``$CUDA_VISIBLE_DEVICES`` where that is set).
+    """
+    if not device.startswith("cuda"):
+        return device, None
+    ours = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return f"cuda:{worker}", {"CUDA_VISIBLE_DEVICES": ours[worker] if worker < len(ours) else str(worker)}
+
+
 def _resumed(path: pathlib.Path, device: str) -> dict[str, Any] | None:
     try:
         old = results.load(path)
@@ -286,34 +320,88 @@ class _Run:
         self.kept = {(a["op"], a["target"]): a for a in (self.old or {}).get("audits", [])
                      if a.get("status") == "done"}
         self.audit_seconds: list[float] = []
+        self.lock = threading.Lock()  # the document, the progress and the clock's figures, across workers
 
     def left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
     def save(self) -> None:
-        self.doc["summary"] = {**results.summarize(self.doc), "elapsed_s": round(time.monotonic() - self.start, 1)}
-        results.write(self.path, self.doc)
+        with self.lock:
+            self.doc["summary"] = {**results.summarize(self.doc),
+                                   "elapsed_s": round(time.monotonic() - self.start, 1)}
+            results.write(self.path, self.doc)
 
     def audits(self, jobs: list[tuple[str, str, str, int]]) -> None:
-        for op, target, kind, examples in jobs:
+        """Every job, ``options["workers"]`` at a time; the document keeps job order and is saved after each."""
+        first = len(self.doc["audits"])
+        slots: list[dict[str, Any] | None] = [None] * len(jobs)
+        workers = self.options.get("workers", 1)
+
+        def publish(i: int, entry: dict[str, Any]) -> None:
+            with self.lock:
+                slots[i] = entry
+                self.doc["audits"][first:] = [e for e in slots if e is not None]
+            self.save()
+
+        def one(i: int, worker: int) -> None:
+            op, target, kind, examples = jobs[i]
             if (op, target) in self.kept:
-                self.doc["audits"].append(self.kept[(op, target)])
-                self.progress.line(f"kept  {op} {target} (from {self.path.name})")
-                continue
-            expected = statistics.mean(self.audit_seconds) if self.audit_seconds else 0.0
-            if self.left() < expected:
+                with self.lock:
+                    self.progress.line(f"kept  {op} {target} (from {self.path.name})")
+                publish(i, self.kept[(op, target)])
+                return
+            device, env = worker_device(self.device, worker)
+            with self.lock:
+                expected = statistics.mean(self.audit_seconds) if self.audit_seconds else 0.0
+                late = self.left() < expected
+                if not late:
+                    self.progress.begin_audit(op, target, examples)
+            if late:
                 entry = {"op": op, "target": target, "kind": kind, "examples": examples, "status": "skipped",
                          "exit_code": 2, "passed": None, "verdicts": {}, "result": None, "cases": [],
                          "ulp_histograms": {}, "elapsed_s": 0.0,
                          "message": f"not run: --time-limit {self.options['time_limit']:g} s reached"}
-            else:
-                self.progress.begin_audit(op, target, examples)
+            else:  # concurrent audits would garble one progress bar's example count: finished lines only
                 entry = audit_entry(op, target, kind, examples, device=self.device, options=self.options,
-                                    progress=self.progress)
-                self.audit_seconds.append(entry["elapsed_s"])
-            self.doc["audits"].append(entry)
-            self.progress.end_audit(entry)
-            self.save()
+                                    progress=self.progress if workers == 1 else None, env=env)
+            entry.update(worker=worker, device=device)
+            with self.lock:
+                if not late:
+                    self.audit_seconds.append(entry["elapsed_s"])
+                self.progress.end_audit(entry)
+            publish(i, entry)
+
+        if workers == 1:
+            for i in range(len(jobs)):
+                one(i, 0)
+            return
+        todo: queue.Queue[int] = queue.Queue()
+        for i in range(len(jobs)):
+            todo.put(i)
+        failures: list[BaseException] = []
+
+        def worker_loop(worker: int) -> None:
+            while not failures:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    one(i, worker)
+                except BaseException as exc:  # a bug of ours: stop the others, raise it in the main thread
+                    failures.append(exc)
+
+        # daemon threads: on Ctrl-C the main thread raises and exits; the audits' children notice
+        # their parent is gone and exit (fuseaudit._audit_worker)
+        threads = [threading.Thread(target=worker_loop, args=(w,), name=f"fuseaudit-worker-{w}", daemon=True)
+                   for w in range(min(workers, len(jobs)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.5)  # a timed join lets KeyboardInterrupt through
+        if failures:
+            raise failures[0]
 
     def step(self, name: str, wanted: bool, job: Any) -> None:
         """Run ``job(budget_seconds)`` for step ``name`` unless kept, unwanted or out of time."""

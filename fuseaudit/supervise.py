@@ -170,8 +170,11 @@ def run_in_process(job: AuditJob, *, on_event: OnEvent | None = None) -> list[di
 
 
 def run_isolated(job: AuditJob, *, timeout: float, setup_timeout: float, workdir: Path,
-                 on_event: OnEvent | None = None) -> list[dict[str, Any]]:
+                 on_event: OnEvent | None = None, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run ``job`` in child processes, restarting after a crash for the remaining phases.
+
+    ``env``: variables set in the children's environment on top of ours (``CUDA_VISIBLE_DEVICES``
+    of one GPU, for ``fuseaudit run --workers``).
 
     Returns every event, the parent's ``crash`` events included, in order.
     """
@@ -181,9 +184,10 @@ def run_isolated(job: AuditJob, *, timeout: float, setup_timeout: float, workdir
     events: list[dict[str, Any]] = []
     remaining = list(job.phases)
     attempt = 0
-    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1", FUSEAUDIT_PARENT_PID=str(os.getpid()))
+    child_env = {**os.environ, **(env or {}), "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1",
+                 "FUSEAUDIT_PARENT_PID": str(os.getpid())}
     if job.device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
+        child_env["TRITON_INTERPRET"] = "1"
     while remaining:
         attempt += 1
         job_path = workdir / f"job-{attempt}.json"
@@ -193,7 +197,7 @@ def run_isolated(job: AuditJob, *, timeout: float, setup_timeout: float, workdir
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "fuseaudit._audit_worker", str(job_path), str(results)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
                 start_new_session=os.name == "posix",
             )
             try:
