@@ -119,5 +119,63 @@ def row_offsets(rows, D1, D2, S0, S1, S2):
     return (rest // D1) * S0 + (rest % D1) * S1 + i2 * S2
 
 
+# Widest row a program keeps whole in registers, in bytes of the input dtype:
+# 32768 elements of float16/bfloat16, 16384 of float32.  Upcast to float32
+# that is up to 64 registers per thread at 16 warps.  Wider rows take the
+# looped two-pass kernel.  Tests lower it to reach that path with small rows.
+MAX_FUSED_BYTES = 65536
+# For short rows, one program takes about this many elements (several rows) ...
+ROW_TILE = 2048
+# ... but only while the grid keeps at least this many programs.
+MIN_PROGRAMS = 1024
+MAX_WARPS = 16
+# Triton's CPU interpreter pays per program, not per element: there, one
+# program takes as many rows as fit in this many elements.
+INTERPRETER_TILE = 1 << 20
+
+
+def row_block_config(rows: int, n: int, element_size: int) -> tuple[int, int, int, bool]:
+    """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for a row-wise kernel over ``rows`` rows of ``n`` elements.
+
+    Shared by the norm and softmax kernels: whole rows in registers up to
+    ``MAX_FUSED_BYTES`` (several short rows a program), else ``wide``: loop
+    over column blocks.  Module constants are read at call time, so a test
+    can lower ``MAX_FUSED_BYTES`` to reach the looped path with small rows.
+    """
+    cap = max(MAX_FUSED_BYTES // element_size, 1)
+    block_n = next_pow2(n)
+    wide = block_n > cap
+    if wide:  # loop over the row in blocks of half the cap
+        block_m, block_n = 1, max(next_pow2(cap) // 2, 1)
+    else:
+        by_tile = max(ROW_TILE // block_n, 1)
+        by_grid = max(rows // MIN_PROGRAMS, 1)
+        block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
+        if interpreting():
+            block_m = min(next_pow2(rows), max(INTERPRETER_TILE // block_n, 1))
+    # about 8 elements per thread (one 16-byte vector of a 2-byte dtype)
+    num_warps = min(max(block_m * block_n // 256, 1), MAX_WARPS)
+    return block_m, block_n, num_warps, wide
+
+
+# Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles
+# subnormals) where the GPU's cvt.rn rounds to nearest even.  Under the
+# interpreter only, round the bits by hand.
+_ROUND_BF16_BY_HAND = tl.constexpr(interpreting())
+
+
+@triton.jit
+def to_dtype(v, dtype: tl.constexpr):
+    """Round float32 ``v`` to ``dtype`` to nearest even, also under the interpreter."""
+    out = v.to(dtype)
+    if _ROUND_BF16_BY_HAND:
+        if dtype == tl.bfloat16:
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            rounded = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            out = tl.where(v == v, rounded, out)  # NaN stays NaN
+    return out
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))

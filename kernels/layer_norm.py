@@ -22,7 +22,7 @@ Two kernels share the work:
 * :func:`layer_norm_kernel` keeps whole rows in registers, so the second pass
   over ``x - mean`` costs no memory traffic: one read of each input, one
   write of each output.  Short rows go ``BLOCK_M`` to a program.
-* :func:`layer_norm_wide_kernel` is for rows wider than ``_MAX_FUSED_BYTES``.
+* :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``.
   Pass 1 loops over column blocks; each block's mean and sum of squared
   deviations ``M2`` are two-pass values (the block is in registers), and
   blocks merge with Chan et al.'s parallel formula, which has no cancellation::
@@ -44,61 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import check_tensors, interpreting, next_pow2, row_layout, row_offsets
-
-# Widest row a program keeps whole in registers, in bytes of the input dtype:
-# 32768 elements of float16/bfloat16, 16384 of float32.  Upcast to float32
-# that is up to 64 registers per thread at 16 warps.  Wider rows take the
-# looped two-pass kernel.  Tests lower it to reach that path with small rows.
-_MAX_FUSED_BYTES = 65536
-# For short rows, one program takes about this many elements (several rows) ...
-_ROW_TILE = 2048
-# ... but only while the grid keeps at least this many programs.
-_MIN_PROGRAMS = 1024
-_MAX_WARPS = 16
-# Triton's CPU interpreter pays per program, not per element: there, one
-# program takes as many rows as fit in this many elements.  (Like triton.jit
-# itself, which picks the interpreter when the kernel is defined, this is
-# decided at import.)
-_INTERPRETING = interpreting()
-_INTERPRETER_TILE = 1 << 20
-
-
-def _launch_config(rows: int, n: int, element_size: int) -> tuple[int, int, int, bool]:
-    """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for ``rows`` rows of ``n`` elements."""
-    cap = max(_MAX_FUSED_BYTES // element_size, 1)
-    block_n = next_pow2(n)
-    wide = block_n > cap
-    if wide:  # loop over the row in blocks of half the cap
-        block_m, block_n = 1, max(next_pow2(cap) // 2, 1)
-    else:
-        by_tile = max(_ROW_TILE // block_n, 1)
-        by_grid = max(rows // _MIN_PROGRAMS, 1)
-        block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
-        if _INTERPRETING:
-            block_m = min(next_pow2(rows), max(_INTERPRETER_TILE // block_n, 1))
-    # about 8 elements per thread (one 16-byte vector of a 2-byte dtype)
-    num_warps = min(max(block_m * block_n // 256, 1), _MAX_WARPS)
-    return block_m, block_n, num_warps, wide
-
-
-# Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles
-# subnormals) where the GPU's cvt.rn rounds to nearest even.  Under the
-# interpreter only, round the bits by hand.
-_ROUND_BF16_BY_HAND = tl.constexpr(_INTERPRETING)
-
-
-@triton.jit
-def _to_dtype(v, dtype: tl.constexpr):
-    """Round float32 ``v`` to ``dtype`` to nearest even, also under the interpreter."""
-    out = v.to(dtype)
-    if _ROUND_BF16_BY_HAND:
-        if dtype == tl.bfloat16:
-            bits = v.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            rounded = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            out = tl.where(v == v, rounded, out)  # NaN stays NaN
-    return out
+from ._rows import check_tensors, row_block_config, row_layout, row_offsets, to_dtype
 
 
 @triton.jit
@@ -125,7 +71,7 @@ def layer_norm_kernel(
     if HAS_RESIDUAL:
         r_off = row_offsets(rows, D1, D2, sr0, sr1, sr2)[:, None] + cols[None, :].to(tl.int64) * srn
         r = tl.load(R + r_off, mask=mask, other=0.0).to(tl.float32)
-        h = _to_dtype(x + r, H.dtype.element_ty)  # round as eager's x + residual does
+        h = to_dtype(x + r, H.dtype.element_ty)  # round as eager's x + residual does
         tl.store(H + out_off, h, mask=mask)
         x = h.to(tl.float32)  # normalise the rounded h
 
@@ -141,7 +87,7 @@ def layer_norm_kernel(
     w = tl.load(W + cols * swn, mask=col_mask, other=0.0).to(tl.float32)
     b = tl.load(B + cols * sbn, mask=col_mask, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
-    tl.store(Y + out_off, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+    tl.store(Y + out_off, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -178,7 +124,7 @@ def layer_norm_wide_kernel(
             x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
             r_ptrs = r_row + cols.to(tl.int64) * srn
             r = tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-            h = _to_dtype(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
+            h = to_dtype(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
             tl.store(H + out + cols, h, mask=mask)
             x = h.to(tl.float32)
         else:  # ask L2 to keep x for pass 2
@@ -221,7 +167,7 @@ def layer_norm_wide_kernel(
         w = tl.load(W + cols * swn, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(B + cols * sbn, mask=mask, other=0.0).to(tl.float32)
         y = (x - mean) * rstd * w + b
-        tl.store(Y + out + cols, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 def _layer_norm(
@@ -257,7 +203,7 @@ def _layer_norm(
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = _launch_config(layout.rows, n, x.element_size())
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size())
     r_arg = x if residual is None else residual  # never read without a residual
     h_arg = y if h is None else h  # never written without a residual
     if wide:

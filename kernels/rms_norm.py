@@ -20,7 +20,7 @@ Two kernels share the work:
 * :func:`rms_norm_kernel` keeps whole rows in registers: one read of each
   input, one write of each output.  When rows are short it takes a tile of
   ``BLOCK_M`` rows per program, so that every program moves a useful amount.
-* :func:`rms_norm_wide_kernel` is for rows wider than ``_MAX_FUSED_BYTES``:
+* :func:`rms_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``:
   it loops over column blocks twice (sum of squares, then normalise), so the
   row is read twice; the second read usually hits L2.
 
@@ -34,61 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import check_tensors, interpreting, next_pow2, row_layout, row_offsets
-
-# Widest row a program keeps whole in registers, in bytes of the input dtype:
-# 32768 elements of float16/bfloat16, 16384 of float32.  Upcast to float32
-# that is up to 64 registers per thread at 16 warps.  Wider rows take the
-# looped two-pass kernel.  Tests lower it to reach that path with small rows.
-_MAX_FUSED_BYTES = 65536
-# For short rows, one program takes about this many elements (several rows) ...
-_ROW_TILE = 2048
-# ... but only while the grid keeps at least this many programs.
-_MIN_PROGRAMS = 1024
-_MAX_WARPS = 16
-# Triton's CPU interpreter pays per program, not per element: there, one
-# program takes as many rows as fit in this many elements.  (Like triton.jit
-# itself, which picks the interpreter when the kernel is defined, this is
-# decided at import.)
-_INTERPRETING = interpreting()
-_INTERPRETER_TILE = 1 << 20
-
-
-def _launch_config(rows: int, n: int, element_size: int) -> tuple[int, int, int, bool]:
-    """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for ``rows`` rows of ``n`` elements."""
-    cap = max(_MAX_FUSED_BYTES // element_size, 1)
-    block_n = next_pow2(n)
-    wide = block_n > cap
-    if wide:  # loop over the row in blocks of half the cap
-        block_m, block_n = 1, max(next_pow2(cap) // 2, 1)
-    else:
-        by_tile = max(_ROW_TILE // block_n, 1)
-        by_grid = max(rows // _MIN_PROGRAMS, 1)
-        block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
-        if _INTERPRETING:
-            block_m = min(next_pow2(rows), max(_INTERPRETER_TILE // block_n, 1))
-    # about 8 elements per thread (one 16-byte vector of a 2-byte dtype)
-    num_warps = min(max(block_m * block_n // 256, 1), _MAX_WARPS)
-    return block_m, block_n, num_warps, wide
-
-
-# Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles
-# subnormals) where the GPU's cvt.rn rounds to nearest even.  Under the
-# interpreter only, round the bits by hand.
-_ROUND_BF16_BY_HAND = tl.constexpr(_INTERPRETING)
-
-
-@triton.jit
-def _to_dtype(v, dtype: tl.constexpr):
-    """Round float32 ``v`` to ``dtype`` to nearest even, also under the interpreter."""
-    out = v.to(dtype)
-    if _ROUND_BF16_BY_HAND:
-        if dtype == tl.bfloat16:
-            bits = v.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            rounded = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            out = tl.where(v == v, rounded, out)  # NaN stays NaN
-    return out
+from ._rows import check_tensors, row_block_config, row_layout, row_offsets, to_dtype
 
 
 @triton.jit
@@ -115,7 +61,7 @@ def rms_norm_kernel(
     if HAS_RESIDUAL:
         r_off = row_offsets(rows, D1, D2, sr0, sr1, sr2)[:, None] + cols[None, :].to(tl.int64) * srn
         r = tl.load(R + r_off, mask=mask, other=0.0).to(tl.float32)
-        h = _to_dtype(x + r, H.dtype.element_ty)  # round as eager's x + residual does
+        h = to_dtype(x + r, H.dtype.element_ty)  # round as eager's x + residual does
         tl.store(H + out_off, h, mask=mask)
         x = h.to(tl.float32)  # normalise the rounded h
 
@@ -125,7 +71,7 @@ def rms_norm_kernel(
 
     w = tl.load(W + cols * swn, mask=col_mask, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + out_off, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+    tl.store(Y + out_off, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -156,7 +102,7 @@ def rms_norm_wide_kernel(
             x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
             r_ptrs = r_row + cols.to(tl.int64) * srn
             r = tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-            h = _to_dtype(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
+            h = to_dtype(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
             tl.store(H + out + cols, h, mask=mask)
             x = h.to(tl.float32)
         else:  # ask L2 to keep x for pass 2
@@ -182,7 +128,7 @@ def rms_norm_wide_kernel(
         x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         w = tl.load(W + cols * swn, mask=mask, other=0.0).to(tl.float32)
         y = x * rstd * w
-        tl.store(Y + out + cols, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 def _rms_norm(
@@ -212,7 +158,7 @@ def _rms_norm(
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = _launch_config(layout.rows, n, x.element_size())
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size())
     r_arg = x if residual is None else residual  # never read without a residual
     h_arg = y if h is None else h  # never written without a residual
     if wide:

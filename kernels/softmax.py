@@ -14,7 +14,7 @@ Two kernels share the work:
 
 * :func:`softmax_kernel` keeps whole rows in registers: one read, one write.
   Short rows go ``BLOCK_M`` to a program.
-* :func:`softmax_wide_kernel` is for rows wider than ``_MAX_FUSED_BYTES``.
+* :func:`softmax_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``.
   Pass 1 is the "online" softmax over column blocks: it keeps a reference
   ``m`` (the running max) and a running sum ``d`` of ``exp(s - m)``,
   rescaling the sum when the max grows::
@@ -42,24 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import check_tensors, interpreting, next_pow2, row_layout, row_offsets
-
-# Widest row a program keeps whole in registers, in bytes of the input dtype:
-# 32768 elements of float16/bfloat16, 16384 of float32.  Upcast to float32
-# that is up to 64 registers per thread at 16 warps.  Wider rows take the
-# looped two-pass kernel.  Tests lower it to reach that path with small rows.
-_MAX_FUSED_BYTES = 65536
-# For short rows, one program takes about this many elements (several rows) ...
-_ROW_TILE = 2048
-# ... but only while the grid keeps at least this many programs.
-_MIN_PROGRAMS = 1024
-_MAX_WARPS = 16
-# Triton's CPU interpreter pays per program, not per element: there, one
-# program takes as many rows as fit in this many elements.  (Like triton.jit
-# itself, which picks the interpreter when the kernel is defined, this is
-# decided at import.)
-_INTERPRETING = interpreting()
-_INTERPRETER_TILE = 1 << 20
+from ._rows import check_tensors, row_block_config, row_layout, row_offsets, to_dtype
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LOG2E_LO is
 # what that rounding drops.
@@ -69,43 +52,6 @@ LN2 = tl.constexpr(0.6931471805599453)
 TWO_POW_M64 = tl.constexpr(5.421010862427522e-20)  # 2^-64, exact
 # The wide kernel moves its reference max only for jumps beyond this (in logits).
 RESCALE_SLACK = tl.constexpr(8.0)
-
-
-def _launch_config(rows: int, n: int, element_size: int) -> tuple[int, int, int, bool]:
-    """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for ``rows`` rows of ``n`` elements."""
-    cap = max(_MAX_FUSED_BYTES // element_size, 1)
-    block_n = next_pow2(n)
-    wide = block_n > cap
-    if wide:  # loop over the row in blocks of half the cap
-        block_m, block_n = 1, max(next_pow2(cap) // 2, 1)
-    else:
-        by_tile = max(_ROW_TILE // block_n, 1)
-        by_grid = max(rows // _MIN_PROGRAMS, 1)
-        block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
-        if _INTERPRETING:
-            block_m = min(next_pow2(rows), max(_INTERPRETER_TILE // block_n, 1))
-    # about 8 elements per thread (one 16-byte vector of a 2-byte dtype)
-    num_warps = min(max(block_m * block_n // 256, 1), _MAX_WARPS)
-    return block_m, block_n, num_warps, wide
-
-
-# Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles
-# subnormals) where the GPU's cvt.rn rounds to nearest even.  Under the
-# interpreter only, round the bits by hand.
-_ROUND_BF16_BY_HAND = tl.constexpr(_INTERPRETING)
-
-
-@triton.jit
-def _to_dtype(v, dtype: tl.constexpr):
-    """Round float32 ``v`` to ``dtype`` to nearest even, also under the interpreter."""
-    out = v.to(dtype)
-    if _ROUND_BF16_BY_HAND:
-        if dtype == tl.bfloat16:
-            bits = v.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            rounded = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            out = tl.where(v == v, rounded, out)  # NaN stays NaN
-    return out
 
 
 @triton.jit
@@ -160,7 +106,7 @@ def softmax_kernel(
     y = e * tl.math.div_rn(1.0, d)[:, None]
 
     out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    tl.store(Y + out_off, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+    tl.store(Y + out_off, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -212,7 +158,7 @@ def softmax_wide_kernel(
         x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0,
                     eviction_policy="evict_first")
         y = _exp(x.to(tl.float32) * scale - m, PRECISE) * inv_d
-        tl.store(Y + out + cols, _to_dtype(y, Y.dtype.element_ty), mask=mask)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -226,7 +172,7 @@ def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         return y
     layout = row_layout(x.shape, x)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = _launch_config(layout.rows, n, x.element_size())
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size())
     precise = x.dtype == torch.float32
     if wide:
         softmax_wide_kernel[(layout.rows,)](
