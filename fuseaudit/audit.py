@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import tempfile
 import time
@@ -47,9 +46,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ._audit_worker import AuditJob
-from .audit_result import AuditResult, assemble, jsonable
+from .audit_result import AuditResult, assemble
 from .case import DTYPES, LAYOUTS, Case
 from .catalog import OpSpec, get_op
+from .jsonio import write_json
 from .strategies import SIZE_PROFILES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -363,7 +363,7 @@ def main(args: argparse.Namespace) -> int:
 def _write_json(path: str, data: dict[str, Any]) -> bool:
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n")
+        write_json(path, data)
     except OSError as exc:
         print(f"fuseaudit audit: error: cannot write --json {path}: {exc.strerror or exc}", file=sys.stderr)
         return False

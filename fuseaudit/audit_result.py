@@ -29,6 +29,7 @@ from typing import Any
 from ._audit_worker import AuditJob
 from .case import Case
 from .check import PROPERTIES
+from .jsonio import jsonable
 
 ALL_PROPERTIES = (*PROPERTIES, "launches", "determinism")
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -99,15 +100,6 @@ class AuditResult:
         return render_text(self)
 
 
-def jsonable(obj: Any) -> Any:
-    """``obj`` with non-finite floats as strings ("inf", "-inf", "nan") and tuples as lists: strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    return obj
 
 
 # ---------------------------------------------------------------------------

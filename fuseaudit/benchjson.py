@@ -36,6 +36,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from .jsonio import write_json
+
 __all__ = ["BenchJsonError", "benchmark_entry", "clean", "document", "gpu_info", "load", "machine_info", "write"]
 
 
@@ -156,13 +158,8 @@ def document(benchmarks: list[dict[str, Any]], *, fuseaudit: dict[str, Any] | No
 
 
 def write(path: str | os.PathLike[str], doc: dict[str, Any]) -> pathlib.Path:
-    """Write ``doc`` as indented JSON (parent folders made); returns the path."""
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(clean(doc), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    return out
+    """Write ``doc`` as indented JSON (parent folders made, atomically); returns the path."""
+    return write_json(path, doc, indent=2, convert=clean)
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -91,12 +91,13 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import json
 import math
 import pathlib
 import sys
 import time
 from typing import Any, Callable
+
+from .jsonio import write_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SCHEMA = "fuseaudit-e2e/1"
@@ -520,24 +521,7 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
 
 
 def _write(report: dict[str, Any], path: pathlib.Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _strict({k: v for k, v in report.items() if not k.startswith("_")})
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def _strict(obj: Any) -> Any:
-    """``obj`` as strict JSON: non-finite floats as "inf" / "-inf" / "nan" (as audit results write them)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v) for v in obj]
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    return str(obj)
+    write_json(path, {k: v for k, v in report.items() if not k.startswith("_")})
 
 
 # ---------------------------------------------------------------------------

@@ -51,6 +51,8 @@ import platform
 import subprocess
 from typing import Any
 
+from .jsonio import write_json
+
 SCHEMA = "fuseaudit-results/1"
 PROPERTY_ORDER = ("runs", "contract", "inputs_unchanged", "numerics", "launches", "determinism")
 _CMP_KEYS = ("output", "passed", "max_abs_err", "max_rel_err", "max_ulp_err", "eager_max_ulp_err",
@@ -63,19 +65,6 @@ class ResultsError(ValueError):
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def jsonable(obj: Any) -> Any:
-    """Strict JSON: non-finite floats as ``"inf"``/``"-inf"``/``"nan"``, tuples as lists, others as str."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    return str(obj)
 
 
 def number(value: Any) -> float | None:
@@ -105,13 +94,8 @@ def new_document(device: str, *, argv: list[str], options: dict[str, Any],
 
 def write(path: str | os.PathLike[str], doc: dict[str, Any]) -> pathlib.Path:
     """Write ``doc`` atomically (a run killed mid-write keeps the previous version)."""
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc["updated"] = now()
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(jsonable(doc), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return write_json(path, doc, indent=1)
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
