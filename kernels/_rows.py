@@ -68,6 +68,22 @@ def check_tensors(op: str, **tensors: torch.Tensor) -> None:
             )
 
 
+def check_row_shapes(op: str, x: torch.Tensor, residual: torch.Tensor | None = None,
+                     **vectors: torch.Tensor) -> int:
+    """Check ``x`` is ``(..., N)``, ``residual`` (if any) has x's shape and each vector is ``(N,)``; return N."""
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dim (the hidden dim), got a scalar")
+    n = x.shape[-1]
+    for name, v in vectors.items():
+        if v.dim() != 1 or v.shape[0] != n:
+            raise ValueError(f"{op}: {name} must have shape ({n},), got {tuple(v.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(
+            f"{op}: residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}"
+        )
+    return n
+
+
 def row_layout(shape: torch.Size | tuple[int, ...], *tensors: torch.Tensor) -> RowLayout:
     """Fold the leading dims of ``shape`` (shared by ``tensors``) into three.
 

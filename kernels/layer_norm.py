@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+from ._rows import check_row_shapes, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
 
 
 @triton.jit
@@ -183,16 +183,7 @@ def _layer_norm(
         check_tensors(op, x=x, weight=weight, bias=bias)
     else:
         check_tensors(op, x=x, residual=residual, weight=weight, bias=bias)
-    if x.dim() == 0:
-        raise ValueError(f"{op}: x must have at least one dim (the hidden dim), got a scalar")
-    n = x.shape[-1]
-    for name, v in (("weight", weight), ("bias", bias)):
-        if v.dim() != 1 or v.shape[0] != n:
-            raise ValueError(f"{op}: {name} must have shape ({n},), got {tuple(v.shape)}")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(
-            f"{op}: residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}"
-        )
+    n = check_row_shapes(op, x, residual, weight=weight, bias=bias)
 
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = None if residual is None else torch.empty_like(y)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+from ._rows import check_row_shapes, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
 
 
 @triton.jit
@@ -139,15 +139,7 @@ def _rms_norm(
         check_tensors(op, x=x, weight=weight)
     else:
         check_tensors(op, x=x, residual=residual, weight=weight)
-    if x.dim() == 0:
-        raise ValueError(f"{op}: x must have at least one dim (the hidden dim), got a scalar")
-    n = x.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != n:
-        raise ValueError(f"{op}: weight must have shape ({n},), got {tuple(weight.shape)}")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(
-            f"{op}: residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}"
-        )
+    n = check_row_shapes(op, x, residual, weight=weight)
 
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     h = None if residual is None else torch.empty_like(y)
