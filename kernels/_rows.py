@@ -21,6 +21,7 @@ Triton specialises integer arguments equal to 1, so a contiguous last dim
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -90,13 +91,19 @@ def row_layout(shape: torch.Size | tuple[int, ...], *tensors: torch.Tensor) -> R
     Each tensor must have exactly ``shape`` (a 1-D tensor of the hidden size is
     a "vector" and is not passed here).  Two neighbouring leading dims merge
     when, for every tensor, the outer stride equals inner stride times inner
-    size, which is exactly when one flat index can walk both.
+    size, which is exactly when one flat index can walk both.  Layouts are
+    cached by shape and strides: a decode loop asks for the same few.
     """
     for t in tensors:
-        if tuple(t.shape) != tuple(shape):
+        if t.shape != shape:
             raise ValueError(f"expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    return _fold(tuple(shape), tuple(t.stride() for t in tensors))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fold(shape: tuple[int, ...], tensor_strides: tuple[tuple[int, ...], ...]) -> RowLayout:
     sizes = list(shape[:-1])
-    strides = [list(t.stride()[:-1]) for t in tensors]
+    strides = [list(st[:-1]) for st in tensor_strides]
     i = len(sizes) - 2
     while i >= 0:
         if sizes[i] == 1 or sizes[i + 1] == 1 or all(
@@ -121,7 +128,7 @@ def row_layout(shape: torch.Size | tuple[int, ...], *tensors: torch.Tensor) -> R
     for n in sizes:
         rows *= n
     per_tensor = tuple(
-        (*tuple([0] * pad + s), t.stride(-1)) for s, t in zip(strides, tensors)
+        (*tuple([0] * pad + s), st[-1]) for s, st in zip(strides, tensor_strides)
     )
     return RowLayout(rows, (sizes[0], sizes[1], sizes[2]), per_tensor)  # type: ignore[arg-type]
 
@@ -136,21 +143,38 @@ def row_offsets(rows, D1, D2, S0, S1, S2):
 
 
 # Widest row a program keeps whole in registers, in bytes of the input dtype:
-# 32768 elements of float16/bfloat16, 16384 of float32.  Upcast to float32
-# that is up to 64 registers per thread at 16 warps.  Wider rows take the
-# looped two-pass kernel.  Tests lower it to reach that path with small rows.
-MAX_FUSED_BYTES = 65536
+# 16384 elements of float16/bfloat16, 8192 of float32.  Wider rows take the
+# looped kernel, in blocks of half this.  On the H200 (bf16, 16384 rows) the
+# looped kernel beat whole rows in registers at N = 32768 for every op
+# (rms_norm 525 vs 587 µs, softmax 599 vs 1026 µs).  Tests lower it to reach
+# that path with small rows.
+MAX_FUSED_BYTES = 32768
 # For short rows, one program takes about this many elements (several rows) ...
 ROW_TILE = 2048
 # ... but only while the grid keeps at least this many programs.
 MIN_PROGRAMS = 1024
-MAX_WARPS = 16
+MIN_WARPS = 4
 # Triton's CPU interpreter pays per program, not per element: there, one
 # program takes as many rows as fit in this many elements.
 INTERPRETER_TILE = 1 << 20
 
 
-def row_block_config(rows: int, n: int, element_size: int) -> tuple[int, int, int, bool]:
+class RowTuning(NamedTuple):
+    """How one row kernel spreads a row over threads (each kernel file declares its own).
+
+    ``elements_per_thread`` and ``max_warps`` size the whole-row kernel's
+    programs; ``wide_warps`` is the looped kernel's.  Measured on the H200,
+    bf16, 16384 rows: the norms prefer fewer warps than softmax (its max and
+    exp-sum reductions want more threads per row), e.g. layer_norm at
+    N = 14336 ran in 265 µs with 8 warps and 434 µs with 16.
+    """
+
+    elements_per_thread: int
+    max_warps: int
+    wide_warps: int
+
+
+def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> tuple[int, int, int, bool]:
     """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for a row-wise kernel over ``rows`` rows of ``n`` elements.
 
     Shared by the norm and softmax kernels: whole rows in registers up to
@@ -158,20 +182,25 @@ def row_block_config(rows: int, n: int, element_size: int) -> tuple[int, int, in
     over column blocks.  Module constants are read at call time, so a test
     can lower ``MAX_FUSED_BYTES`` to reach the looped path with small rows.
     """
-    cap = max(MAX_FUSED_BYTES // element_size, 1)
+    return _row_block_config(rows, n, element_size, tuning, MAX_FUSED_BYTES, interpreting())
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, max_fused_bytes: int,
+                      interpreter: bool) -> tuple[int, int, int, bool]:
+    cap = max(max_fused_bytes // element_size, 1)
     block_n = next_pow2(n)
     wide = block_n > cap
     if wide:  # loop over the row in blocks of half the cap
-        block_m, block_n = 1, max(next_pow2(cap) // 2, 1)
-    else:
-        by_tile = max(ROW_TILE // block_n, 1)
-        by_grid = max(rows // MIN_PROGRAMS, 1)
-        block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
-        if interpreting():
-            block_m = min(next_pow2(rows), max(INTERPRETER_TILE // block_n, 1))
-    # about 8 elements per thread (one 16-byte vector of a 2-byte dtype)
-    num_warps = min(max(block_m * block_n // 256, 1), MAX_WARPS)
-    return block_m, block_n, num_warps, wide
+        return 1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True
+    by_tile = max(ROW_TILE // block_n, 1)
+    by_grid = max(rows // MIN_PROGRAMS, 1)
+    block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
+    if interpreter:
+        block_m = min(next_pow2(rows), max(INTERPRETER_TILE // block_n, 1))
+    threads = block_m * block_n // tuning.elements_per_thread
+    num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), tuning.max_warps)
+    return block_m, block_n, num_warps, False
 
 
 # Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._activations import GELU, SILU, apply_activation, gelu_code
+from ._launch import launch
 from ._rows import check_tensors, next_pow2, row_layout, row_offsets
 
 # About 4K elements a program: enough bytes in flight per SM on a GPU, and
@@ -81,8 +82,8 @@ def _bias_act(
     block_n = min(next_pow2(n), MAX_BLOCK_N)
     block_m = min(next_pow2(layout.rows), max(1, TILE_ELEMENTS // block_n))
     grid = (triton.cdiv(layout.rows, block_m), triton.cdiv(n, block_n))
-    bias_act_kernel[grid](
-        x, residual if residual is not None else x, bias, y,
+    launch(
+        bias_act_kernel, grid, x, residual if residual is not None else x, bias, y,
         layout.rows, n, layout.dims[1], layout.dims[2],
         *sx, *sr, bias.stride(0),
         ACTIVATION=activation,

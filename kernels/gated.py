@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._activations import SILU, apply_activation, gelu_code
+from ._launch import launch
 from ._rows import check_tensors, next_pow2, row_layout, row_offsets
 
 TILE_ELEMENTS = 4096
@@ -64,8 +65,8 @@ def _gated(op: str, gate: torch.Tensor, up: torch.Tensor, activation: int) -> to
     block_n = min(next_pow2(n), MAX_BLOCK_N)
     block_m = min(next_pow2(layout.rows), max(1, TILE_ELEMENTS // block_n))
     grid = (triton.cdiv(layout.rows, block_m), triton.cdiv(n, block_n))
-    gated_kernel[grid](
-        gate, up, y,
+    launch(
+        gated_kernel, grid, gate, up, y,
         layout.rows, n, layout.dims[1], layout.dims[2],
         *layout.strides[0], *layout.strides[1],
         ACTIVATION=activation,

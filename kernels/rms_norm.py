@@ -34,7 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import check_row_shapes, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+from ._launch import launch
+from ._rows import RowTuning, check_row_shapes, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+
+# One reduction per row: 8 warps for an 8192-wide row, 32 for the looped kernel
+# (H200, bf16, 16384 rows: 135 µs at N=8192, 525 µs at N=32768).
+TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32)
 
 
 @triton.jit
@@ -150,16 +155,18 @@ def _rms_norm(
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size())
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), TUNING)
     r_arg = x if residual is None else residual  # never read without a residual
     h_arg = y if h is None else h  # never written without a residual
     if wide:
-        rms_norm_wide_kernel[(layout.rows,)](
+        launch(
+            rms_norm_wide_kernel, (layout.rows,),
             x, r_arg, weight, y, h_arg, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
             HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=num_warps,
         )
     else:
-        rms_norm_kernel[(triton.cdiv(layout.rows, block_m),)](
+        launch(
+            rms_norm_kernel, (triton.cdiv(layout.rows, block_m),),
             x, r_arg, weight, y, h_arg, layout.rows, n, d1, d2, *sx, *sr, weight.stride(0),
             float(eps), HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps,

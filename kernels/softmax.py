@@ -42,7 +42,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+from ._launch import launch
+from ._rows import RowTuning, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+
+# Two reductions and an exp per element: more threads per row than the norms
+# (H200, bf16, 16384 rows: N=14336 in 304 µs with 32 warps, 329 with 16, 433 with 8).
+TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8)
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LOG2E_LO is
 # what that rounding drops.
@@ -172,16 +177,17 @@ def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         return y
     layout = row_layout(x.shape, x)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size())
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), TUNING)
     precise = x.dtype == torch.float32
     if wide:
-        softmax_wide_kernel[(layout.rows,)](
-            x, y, n, d1, d2, *layout.strides[0], float(scale),
+        launch(
+            softmax_wide_kernel, (layout.rows,), x, y, n, d1, d2, *layout.strides[0], float(scale),
             PRECISE=precise, BLOCK_N=block_n, num_warps=num_warps,
         )
     else:
-        softmax_kernel[(triton.cdiv(layout.rows, block_m),)](
-            x, y, layout.rows, n, d1, d2, *layout.strides[0], float(scale),
+        launch(
+            softmax_kernel, (triton.cdiv(layout.rows, block_m),), x, y, layout.rows, n, d1, d2, *layout.strides[0],
+            float(scale),
             PRECISE=precise, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
         )
     return y

@@ -29,6 +29,7 @@ def test_wide_path(spec, data, fuseaudit_device):
 
     case = data.draw(cases(spec), label="case")
     with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256):
-        assert _rows.row_block_config(1, 1000, 2)[3], "the lowered cap should select the looped path"
+        wide = _rows.row_block_config(1, 1000, 2, _rows.RowTuning(32, 8, 8))[3]
+        assert wide, "the lowered cap should select the looped path"
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
