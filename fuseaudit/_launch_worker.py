@@ -8,7 +8,6 @@ that a process killed by the parent's timeout keeps the rows it counted.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import sys
 
@@ -19,7 +18,7 @@ def main(argv: list[str]) -> int:
 
     device = resolve_device(device)  # TRITON_INTERPRET before any kernel module is imported
     from .cli_launches import launch_table
-    from .results import jsonable
+    from .jsonio import write_json
 
     rows = []
     path = pathlib.Path(out)
@@ -28,9 +27,7 @@ def main(argv: list[str]) -> int:
             rows.extend(launch_table([op], device))
         except Exception as exc:  # e.g. the reference kernel does not import
             rows.append({"op": op, "error": f"{type(exc).__name__}: {exc}"})
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(jsonable({"device": device, "rows": rows})), encoding="utf-8")
-        tmp.replace(path)
+        write_json(path, {"device": device, "rows": rows})
     return 0
 
 

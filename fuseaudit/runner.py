@@ -285,6 +285,20 @@ def e2e_step(device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
 # The run
 # ---------------------------------------------------------------------------
 
+# Seconds per example, measured on the H200 (fuseaudit run --gpus 2, 2026-11-29): a row-op
+# reference ~0.6, the autotuned attention reference ~12, torch.compile ~4 (a recompile per
+# shape), an SDPA backend ~1.  Only their order matters: it schedules the longest audits first.
+_SECONDS_PER_EXAMPLE = {("attention", "reference"): 12.0, "builtin:compile": 4.0, "builtin": 1.0, "reference": 0.6}
+
+
+def expected_cost(job: tuple[str, str, str, int]) -> float:
+    """A rough duration of an audit job ``(op, target, kind, examples)``, for longest-first scheduling."""
+    op, target, kind, examples = job
+    rate = _SECONDS_PER_EXAMPLE.get((op, kind)) or _SECONDS_PER_EXAMPLE.get(target) or \
+        _SECONDS_PER_EXAMPLE.get(kind, 1.0)
+    return rate * examples
+
+
 def worker_device(device: str, worker: int) -> tuple[str, dict[str, str] | None]:
     """(device recorded, extra child environment) of worker ``worker`` of a run on ``device``.
 
@@ -376,7 +390,7 @@ class _Run:
                 one(i, 0)
             return
         todo: queue.Queue[int] = queue.Queue()
-        for i in range(len(jobs)):
+        for i in sorted(range(len(jobs)), key=lambda i: -expected_cost(jobs[i])):  # longest first
             todo.put(i)
         failures: list[BaseException] = []
 
@@ -431,7 +445,8 @@ def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pa
     """Every step, the document written after each; KeyboardInterrupt propagates (the document is saved).
 
     Order: reference audits, launches, bench, e2e, then the built-in targets' audits (with a
-    ``--time-limit``, speed comes before third-party correctness).
+    ``--time-limit``, speed comes before third-party correctness).  Without bench and e2e every
+    audit goes into one pool, longest first, so several workers stay busy to the end.
     """
     from .run_progress import RunProgress
 
@@ -442,11 +457,17 @@ def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pa
         limit = f", time limit {options['time_limit']:g} s" if options["time_limit"] else ""
         progress.line(f"fuseaudit run on {r.doc['environment'].get('device_name', device)}: {len(jobs)} audit(s)"
                       f"{limit}; results in {path}")
-        r.audits(ref_jobs)
-        r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
-        r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
-        r.step("e2e", options["e2e"], lambda budget: e2e_step(device, r.tmp, budget))
-        r.audits([j for j in jobs if j[2] != "reference"])
+        if options["bench"] or options["e2e"]:
+            r.audits(ref_jobs)
+            r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
+            r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
+            r.step("e2e", options["e2e"], lambda budget: e2e_step(device, r.tmp, budget))
+            r.audits([j for j in jobs if j[2] != "reference"])
+        else:  # audits only: one pool, so no worker idles while another finishes the slowest reference audit
+            r.audits(jobs)
+            r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
+            r.step("bench", False, None)
+            r.step("e2e", False, None)
         r.doc["finished"] = True
         r.save()
     return r.doc

@@ -31,6 +31,19 @@ def test_run_with_two_workers_records_each_audits_worker_and_device(tmp_path: Pa
         assert a["status"] == "done" and a["passed"], a.get("message")
         assert a["device"] == "cpu" and a["worker"] in (0, 1)
     assert (tmp_path / "report-cpu.html").exists()
+    launches = doc["launches"]  # counted in a child process after the audits
+    assert launches["status"] == "done", launches.get("message")
+    assert sorted(r["op"] for r in launches["rows"]) == ["bias_silu", "swiglu"]
+    assert not [r for r in launches["rows"] if "error" in r]
+
+
+def test_longest_audits_are_scheduled_first() -> None:
+    jobs = [("swiglu", "fuseaudit.kernels.gated:swiglu", "reference", 30),
+            ("attention", "builtin:sdpa-flash", "builtin", 8),
+            ("attention", "fuseaudit.kernels.attention:attention", "reference", 20),
+            ("softmax", "builtin:compile", "builtin", 8)]
+    order = sorted(jobs, key=lambda j: -runner.expected_cost(j))
+    assert [j[1].split(":")[-1] for j in order] == ["attention", "compile", "swiglu", "sdpa-flash"]
 
 
 def test_workers_are_validated(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
