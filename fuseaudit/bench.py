@@ -352,8 +352,24 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _pair(impls: dict[str, dict[str, Any]], names: tuple[str, ...], section: str, key: str, factor: float,
+          spec: str, *, flag: str | None = None) -> str:
+    """``a/b[/c]``: one figure of several contenders (``-`` where missing, ``?`` after a doubtful one)."""
+    parts = []
+    for name in names:
+        info = (impls.get(name) or {}).get("extra_info", {}).get(section) or {}
+        value = info.get(key)
+        parts.append(_fmt(None if value is None else value * factor, spec) + ("?" if flag and info.get(flag) else ""))
+    return "/".join(parts)
+
+
 def format_table(benchmarks: list[dict[str, Any]]) -> str:
-    """One line per op, point and dtype: µs of each contender, the fused kernel's GB/s, % copy, speed-ups."""
+    """One line per op, point and dtype: µs of each contender, the fused kernel's GB/s, % copy, speed-ups.
+
+    Where the benchmarks have them, more columns follow: CUDA-graph replay time
+    (small shapes, where event timing includes launch gaps), host time per call,
+    allocator peak and NVML energy per call (``?`` marks a doubtful reading).
+    """
     rows: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {}
     extra_impls: list[str] = []
     for b in benchmarks:
@@ -365,6 +381,15 @@ def format_table(benchmarks: list[dict[str, Any]]) -> str:
             extra_impls.append(impl)
     header = ["op", "shape", "dtype", "fused µs", "eager µs", "compile µs", *[f"{i} µs" for i in extra_impls],
               "GB/s", "% copy", "TFLOP/s", "x eager", "x compile"]
+    # optional columns, shown when some benchmark has the figure
+    infos = [b.get("extra_info", {}) for b in benchmarks]
+    has_host = any((i.get("host") or {}).get("median_us") is not None for i in infos)
+    has_peak = any((i.get("memory") or {}).get("peak_extra_bytes") is not None for i in infos)
+    has_energy = any((i.get("energy_loop") or {}).get("energy_per_call_uj") is not None for i in infos)
+    has_graph = any((i.get("graph") or {}).get("median_us") is not None for i in infos)
+    header += ["graph µs fused/eager/compile"] if has_graph else []
+    header += (["host µs fused/eager"] if has_host else []) + (["peak MiB fused/eager"] if has_peak else [])
+    header += ["µJ/call fused/eager/compile"] if has_energy else []
     lines = [header]
     for (op, label, dtype), impls in rows.items():
         us = {i: b["stats"]["median"] * 1e6 for i, b in impls.items()}
@@ -379,6 +404,15 @@ def format_table(benchmarks: list[dict[str, Any]]) -> str:
             _fmt(us["eager"] / f_us if f_us and "eager" in us else None, ".2f"),
             _fmt(us["compile"] / f_us if f_us and "compile" in us else None, ".2f"),
         ])
+        if has_graph:  # device time per call replayed from a CUDA graph: no host gaps (small shapes)
+            lines[-1].append(_pair(impls, ("reference", "eager", "compile"), "graph", "median_us", 1.0, ".1f"))
+        if has_host:
+            lines[-1].append(_pair(impls, ("reference", "eager"), "host", "median_us", 1.0, ".1f"))
+        if has_peak:
+            lines[-1].append(_pair(impls, ("reference", "eager"), "memory", "peak_extra_bytes", 2**-20, ".1f"))
+        if has_energy:
+            lines[-1].append(_pair(impls, ("reference", "eager", "compile"), "energy_loop", "energy_per_call_uj",
+                                   1.0, ".3g", flag="energy_suspect"))
     widths = [max(len(str(r[i])) for r in lines) for i in range(len(header))]
     out = []
     for n, r in enumerate(lines):

@@ -188,6 +188,27 @@ def _energy_mj(nv: Any, handle: Any) -> tuple[int | None, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
+# The energy counter advances in steps (tens of ms on Hopper), so a window
+# shorter than this is a coarse reading; one that averages above the
+# enforced power limit by more than the margin cannot be a true figure.
+MIN_ENERGY_SECONDS = 1.0
+POWER_LIMIT_MARGIN = 1.1
+
+
+def _energy_doubt(nv: Any, handle: Any, *, seconds: float, watts: float | None) -> str | None:
+    """Why an energy reading over ``seconds`` should not be trusted, or None."""
+    reasons = []
+    if seconds < MIN_ENERGY_SECONDS:
+        reasons.append(f"window {seconds:.3f} s < {MIN_ENERGY_SECONDS} s: the counter is coarse over short windows")
+    try:
+        limit = nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+    except Exception:
+        limit = None
+    if watts is not None and limit and watts > POWER_LIMIT_MARGIN * limit:
+        reasons.append(f"average {watts:.0f} W above the {limit:.0f} W power limit")
+    return "; ".join(reasons) or None
+
+
 class Sample:
     """Context manager returned by :func:`sample`; ``result`` is the dict it yields."""
 
@@ -222,6 +243,9 @@ class Sample:
             joules = (e1 - e0) / 1e3
             result["energy_j"] = joules
             result["avg_watts"] = joules / seconds if seconds > 0 else None
+            doubt = _energy_doubt(nv, handle, seconds=seconds, watts=result["avg_watts"])
+            if doubt:
+                result["energy_suspect"] = doubt
         else:
             result["energy_j"] = result["avg_watts"] = None
             result["energy_reason"] = reason or reason1
@@ -237,7 +261,9 @@ def sample(device_index: int = 0) -> Sample:
     ``energy_j`` and ``avg_watts`` come from the energy counter (millijoules
     since driver load) read before and after; the caller synchronises the
     device inside the block so the work is really over.  ``seconds`` is the
-    wall clock of the block.  Clocks, power and throttle reasons are read at
+    wall clock of the block; ``energy_suspect`` says why a reading should not
+    be trusted (a window under :data:`MIN_ENERGY_SECONDS`, an average above
+    the power limit).  Clocks, power and throttle reasons are read at
     the end, while the GPU is still warm.  NVML missing or failing:
     ``{"available": False, "reason": ...}``; the block runs either way.  The
     returned object keeps the dict as ``.result``, so it can also be handed

@@ -423,11 +423,12 @@ def _power_rows(op: str, point: str | None, at: dict[str, dict[str, Any]]) -> li
     rows = []
     for impl, r in at.items():
         nv = r.get("nvml") or {}
-        energy = r.get("energy") or {}
+        energy = r.get("energy_loop") or {}  # the back-to-back loop of bench --energy-seconds
         rows.append({"op": op, "point": point, "impl": impl, "available": bool(nv.get("available")),
                      "watts": fmt(nv.get("avg_watts"), ".0f"), "sm_mhz": fmt(nv.get("sm_clock_mhz"), ".0f"),
                      "mem_mhz": fmt(nv.get("mem_clock_mhz"), ".0f"), "temp": fmt(nv.get("temperature_c"), ".0f"),
-                     "energy": fmt(energy.get("energy_per_call_uj"), ".3g"),
+                     "energy": fmt(energy.get("energy_per_call_uj"), ".3g")
+                     + (" (suspect: " + energy["energy_suspect"] + ")" if energy.get("energy_suspect") else ""),
                      "throttle": ", ".join(x for x in (nv.get("throttle_reasons") or []) if x != "gpu_idle") or "none",
                      "reason": nv.get("reason") or ""})
     return rows
