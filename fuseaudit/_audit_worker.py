@@ -240,7 +240,11 @@ class Worker:
         for failure in report.failures:
             if failure.prop == "runs":
                 self._check_context(failure.message)
-        self.emit({"event": "done", "phase": phase, "report": report.to_dict()})
+        if report.unsupported:
+            self.emit({"event": "unsupported", "phase": phase, "case": case.to_json(),
+                       "describe": case.describe(), "reason": report.unsupported})
+        else:
+            self.emit({"event": "done", "phase": phase, "report": report.to_dict()})
         return report
 
     def _check_context(self, message: str) -> None:
@@ -266,7 +270,7 @@ class Worker:
 
     # -- phases -----------------------------------------------------------------
     def _phase_search(self) -> None:
-        from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+        from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
         from hypothesis import seed as hypothesis_seed
 
         from .strategies import cases
@@ -282,6 +286,8 @@ class Worker:
             if failed and key not in failed and time.monotonic() - clock["first_failure"] > self.job.shrink_seconds:
                 return  # shrink budget spent: report the smallest failing case found so far
             report = self._observe(case, "search")
+            if report.unsupported:
+                reject()  # outside the target's declared support: not an example
             if not report.passed:
                 failed.add(key)
                 clock.setdefault("first_failure", time.monotonic())
@@ -330,6 +336,10 @@ class Worker:
             return
         self.emit({"event": "start", "phase": "launches", "case": case.to_json()})
         inputs = materialize(case, self.device)
+        reason = self._unsupported(inputs, case)
+        if reason:
+            self.emit({**base, "error": f"not counted: the target declares this case unsupported ({reason})"})
+            return
         try:
             count = count_launches(lambda: call_target(self.spec, self.impl, inputs, case.params),
                                    device=self.device)
@@ -343,8 +353,15 @@ class Worker:
         self.emit({**base, "count": count.to_dict(), "describe": count.describe()})
 
     def _phase_determinism(self) -> None:
+        from .case import materialize
+
         for case in self._cases():
             self.emit({"event": "start", "phase": "determinism", "case": case.to_json()})
+            reason = self._unsupported(materialize(case, self.device), case)
+            if reason:
+                self.emit({"event": "determinism", "case": case.to_json(), "status": "skip",
+                           "message": f"not compared: the target declares this case unsupported ({reason})"})
+                continue
             try:
                 first = self._fresh_call(case)
                 second = self._fresh_call(case)
@@ -355,6 +372,14 @@ class Worker:
                 continue
             status, message = bitwise_difference(self.spec.outputs, first, second)
             self.emit({"event": "determinism", "case": case.to_json(), "status": status, "message": message})
+
+    def _unsupported(self, inputs: dict[str, Any], case: Any) -> str | None:
+        from .check import declared_unsupported
+
+        try:
+            return declared_unsupported(self.spec, self.impl, inputs, case.params)
+        except Exception as exc:  # judged in the search phase (runs); here it only stops the call
+            return f"its support declaration raised {type(exc).__name__}: {exc}"
 
     def _fresh_call(self, case: Any) -> tuple[Any, ...]:
         import torch

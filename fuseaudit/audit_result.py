@@ -240,6 +240,11 @@ def assemble(events: list[dict[str, Any]], *, job: AuditJob, declared: dict[str,
     env = next((e["env"] for e in events if e["event"] == "setup" and e.get("ok")), {})
     replayed = [e["report"] for e in events if e["event"] == "done" and e["phase"] == "replay"]
     notes = list(notes or []) + [e["message"] for e in events if e["event"] == "note"]
+    unsupported = [e for e in events if e["event"] == "unsupported"]
+    if unsupported:
+        first = unsupported[0]
+        notes.append(f"{len(unsupported)} drawn case(s) outside the target's declared support were skipped, "
+                     f"e.g. {first['describe']}: {first['reason']}")
     if crashes and any(e["event"] == "phase" for e in events[events.index(crashes[0]):]):
         notes.append("after the crash a fresh process ran the remaining phases")
     return AuditResult(

@@ -21,7 +21,11 @@ Grouped-query attention (``k``/``v`` with fewer heads) goes through SDPA's
 ``enable_gqa`` where the backend has it (flash and math, torch >= 2.5) and
 through ``repeat_interleave`` otherwise; those copies are launches, and the
 audit counts them.  The fused backends' layout support is declared
-conservatively (contiguous inputs only) until a GPU run shows more.
+conservatively (contiguous inputs only) until a GPU run shows more.  Per
+input, the fused backends also declare what they take with SDPA's own check
+(``torch.backends.cuda.can_use_*``, attached as ``fuseaudit_supports``): an
+input the backend's dispatcher refuses ("No available kernel") is an
+unsupported case, skipped and counted, not a failure of ``runs``.
 
 A target that cannot run on this device (an SDPA backend on the CPU) is a
 usage error: the audit exits 2 and names the targets that are available here
@@ -197,17 +201,55 @@ def _sdpa(backend_name: str) -> Callable[..., Any]:
     backend = getattr(SDPBackend, backend_name)
     native_gqa = backend_name in ("FLASH_ATTENTION", "MATH") and _torch_version() >= (2, 5)
 
-    def attention(q, k, v, causal=False, scale=None):
+    def prepare(q, k, v):  # what the backend is handed: k/v repeated where it has no native GQA
         groups = q.shape[1] // k.shape[1]
-        extra = {}
-        if groups > 1:
-            if native_gqa:
-                extra["enable_gqa"] = True
-            else:
-                k = k.repeat_interleave(groups, dim=1)
-                v = v.repeat_interleave(groups, dim=1)
+        if groups > 1 and not native_gqa:
+            return q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
+        return q, k, v, groups > 1
+
+    def attention(q, k, v, causal=False, scale=None):
+        q, k, v, gqa = prepare(q, k, v)
+        extra = {"enable_gqa": True} if gqa else {}
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **extra)
 
+    def supports(q, k, v, causal=False, scale=None) -> str | None:
+        """The backend's own check (torch.backends.cuda.can_use_*), asked before the call."""
+        return _backend_refuses(backend_name, *prepare(q, k, v), causal=causal)
+
     attention.__name__ = f"sdpa_{backend_name.lower()}"
+    if backend_name != "MATH":  # the math backend takes everything
+        attention.fuseaudit_supports = supports  # type: ignore[attr-defined]
     return attention
+
+
+_CAN_USE = {"FLASH_ATTENTION": "can_use_flash_attention", "CUDNN_ATTENTION": "can_use_cudnn_attention",
+            "EFFICIENT_ATTENTION": "can_use_efficient_attention"}
+
+
+def _backend_refuses(backend_name: str, q: Any, k: Any, v: Any, gqa: bool, *, causal: bool) -> str | None:
+    """Why SDPA's ``backend_name`` would refuse these inputs (its own warning text), or None.
+
+    ``torch.backends.cuda.can_use_*`` run the checks SDPA's dispatcher runs;
+    with ``debug=True`` they warn the reason.  Where this torch lacks them the
+    backend is asked nothing: every drawn input counts as supported.
+    """
+    import warnings
+
+    import torch
+
+    check = getattr(torch.backends.cuda, _CAN_USE[backend_name], None)
+    params_type = getattr(torch.backends.cuda, "SDPAParams", None)
+    if check is None or params_type is None:
+        return None
+    try:  # enable_gqa joined SDPAParams in torch 2.5
+        params = params_type(q, k, v, None, 0.0, causal, gqa)
+    except TypeError:
+        params = params_type(q, k, v, None, 0.0, causal)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = check(params, True)
+    if ok:
+        return None
+    said = "; ".join(" ".join(str(w.message).split()) for w in caught)
+    return f"{backend_name.lower()} refuses it: {said}" if said else f"{backend_name.lower()} refuses it"

@@ -83,6 +83,7 @@ class CaseReport:
     failures: list[Failure] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
     seconds: float = 0.0
+    unsupported: str | None = None  # the target declared this input outside its support: not called
 
     @property
     def passed(self) -> bool:
@@ -115,6 +116,7 @@ class CaseReport:
             "comparisons": [c.to_dict() for c in self.comparisons],
             "seconds": self.seconds,
             "replay": self.replay(),
+            "unsupported": self.unsupported,
         }
 
 
@@ -145,6 +147,28 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
     raw = torch.empty(0, dtype=torch.uint8, device=t.device)
     raw.set_(t.untyped_storage())
     return raw.clone()
+
+
+SUPPORTS_ATTRIBUTE = "fuseaudit_supports"
+
+
+def declared_unsupported(spec: OpSpec, impl: Callable[..., Any], inputs: dict[str, torch.Tensor],
+                         params: dict[str, Any]) -> str | None:
+    """Why the target declares these inputs outside its support, or None where it takes them.
+
+    A target may carry a predicate ``impl.fuseaudit_supports(*inputs, **params)``
+    returning a reason (a string) for inputs it does not take, asked *before*
+    each call: such a case is skipped and counted, not judged.  It complements
+    the audit's static options (``--dtypes``, ``--contiguous-only``,
+    ``--head-dims``) for limits those cannot express (the SDPA backends' own
+    checks, for instance).  A target that accepts an input and then raises on
+    it still fails ``runs``.
+    """
+    probe = getattr(impl, SUPPORTS_ATTRIBUTE, None)
+    if probe is None:
+        return None
+    reason = probe(*(inputs[n] for n in spec.input_names), **params)
+    return str(reason) if reason else None
 
 
 def call_target(spec: OpSpec, impl: Callable[..., Any], inputs: dict[str, torch.Tensor],
@@ -186,6 +210,14 @@ def run_case(
     """
     report = CaseReport(case=case, target=target, device=device)
     inputs = materialize(case, device)
+    try:
+        report.unsupported = declared_unsupported(spec, impl, inputs, case.params)
+    except Exception as exc:
+        report.failures.append(Failure("runs", f"its {SUPPORTS_ATTRIBUTE} declaration raised "
+                                               f"{type(exc).__name__}: {exc}"))
+        return report
+    if report.unsupported:
+        return report
     before = {n: storage_bytes(t) for n, t in inputs.items()}
     start = time.perf_counter()
     try:

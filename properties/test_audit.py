@@ -47,6 +47,16 @@ def minimal(result, prop: str) -> Case:
     return Case.from_json(first.case)
 
 
+def test_per_input_support_declaration_skips_without_judging() -> None:
+    declared = run("softmax", "narrow.py:softmax", examples=20)
+    assert declared.passed, declared.render()
+    assert any("outside the target's declared support" in n for n in declared.notes), declared.notes
+    undeclared = run("softmax", "narrow.py:softmax_undeclared", examples=20)
+    assert undeclared.verdicts["runs"].status == FAIL
+    assert "at most 8 are supported" in undeclared.verdicts["runs"].failures[0].message
+    assert Case.from_json(undeclared.verdicts["runs"].failures[0].case).dims["N"] > 8
+
+
 # ---------------------------------------------------------------------------
 # Planted bugs: the right property fails, with a minimal case and a replay
 # ---------------------------------------------------------------------------
