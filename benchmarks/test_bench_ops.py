@@ -5,7 +5,7 @@ Each benchmark times one call with CUDA events (``CudaEventClock``) in
 statistics pytest-benchmark stores and compares are device time.  Our own
 figures go into ``extra_info``: GB/s and % of the measured copy bandwidth,
 TFLOP/s, launches, the allocator peak, the eager temporaries fusion avoids,
-NVML energy over the rounds.  Compare runs with ``pytest-benchmark compare``
+NVML energy per call over a 1 s back-to-back loop.  Compare runs with ``pytest-benchmark compare``
 or ``fuseaudit compare``.  Without a GPU every benchmark skips with a reason.
 """
 
@@ -21,17 +21,19 @@ from fuseaudit.benchjson import clean
 from fuseaudit.catalog import OPS
 from fuseaudit.contenders import Contender, ContenderUnavailable, build
 from fuseaudit.launches import count_launches
-from fuseaudit.measure import figures, peak_memory
+from fuseaudit.measure import energy_loop, figures, peak_memory
 from fuseaudit.sweep import Point, bench_inputs, default_points
 from fuseaudit.timing import CudaEventClock, flush_l2
 
 ROUNDS = 50
 WARMUP_ROUNDS = 5
 HOLD_US = 50.0  # GPU held busy after each flush while the host enqueues the call
+ENERGY_SECONDS = 1.0  # back-to-back loop for energy per call (the counter is coarse over shorter windows)
 CLOCK = CudaEventClock()
 
-# (rows, hidden) of every row op, and two attention points: prefill and grouped-query decode
-ROW_POINTS = ((1024, 4096), (16384, 8192))
+# (rows, hidden) of every row op: a decode batch and a long prefill; and two attention points: prefill and
+# grouped-query decode
+ROW_POINTS = ((8, 8192), (16384, 8192))
 CONTENDERS = {"reference": Contender("reference", "fused"), "eager": Contender("eager", "eager"),
               "compile": Contender("compile", "compile")}
 
@@ -88,4 +90,5 @@ def test_op(bench_device: torch.device, copy_gbps: float, benchmark: Any, point_
         "launches": launches, "memory": memory,
         "input_bytes": sum(t.untyped_storage().nbytes() for t in inputs.values()),
         "nvml": energy,
+        "energy_loop": energy_loop(built.call, median_us=median_us, seconds=ENERGY_SECONDS, device=bench_device),
     }))

@@ -35,7 +35,7 @@ from .launches import count_launches
 from .sweep import Point
 from .timing import Timing, gbps, require_cuda, time_events, time_graph, time_host
 
-__all__ = ["MeasureOptions", "Measurement", "figures", "measure", "peak_memory"]
+__all__ = ["MeasureOptions", "Measurement", "energy_loop", "figures", "measure", "peak_memory"]
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def peak_memory(call: Any, *, device: torch.device) -> dict[str, int]:
             "temporaries_bytes": int(max(0, peak - outputs))}
 
 
-def _energy_loop(call: Any, *, median_us: float, seconds: float, device: torch.device) -> dict[str, Any]:
+def energy_loop(call: Any, *, median_us: float, seconds: float, device: torch.device) -> dict[str, Any]:
     """NVML energy over back-to-back calls for about ``seconds`` of wall clock, per call.
 
     The loop is bounded by the wall clock, not by ``seconds / median_us``
@@ -185,6 +185,6 @@ def measure(built: Built, spec: OpSpec, point: Point, inputs: dict[str, torch.Te
                                                   target_seconds=opts.target_seconds, device=dev).to_dict())
         extra["host"] = _safe(lambda: time_host(built.call, calls=opts.host_calls, device=dev).to_dict())
     if opts.energy_seconds > 0:
-        extra["energy_loop"] = _safe(lambda: _energy_loop(built.call, median_us=timing.median_us,
+        extra["energy_loop"] = _safe(lambda: energy_loop(built.call, median_us=timing.median_us,
                                                           seconds=opts.energy_seconds, device=dev))
     return Measurement(contender=built.contender.name, role=built.contender.role, timing=timing, extra=extra)
