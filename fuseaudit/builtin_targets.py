@@ -182,8 +182,9 @@ def _compiled(op: str) -> Callable[..., Any]:
 def _torch_version() -> tuple[int, int]:
     import torch
 
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+    from .profiles import version_tuple
+
+    return version_tuple(torch.__version__)
 
 
 def _missing_backend(name: str) -> str | None:

@@ -75,4 +75,24 @@ def resolve_device(device: str = "auto") -> str:
         raise ValueError("--device cuda: no CUDA device is available")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+        _warn_old_interpreter()
     return device
+
+
+def version_tuple(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``2.11.0+cu130`` or ``3.4.0rc1``."""
+    major, minor = [*text.split("+")[0].split("."), "0"][:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _warn_old_interpreter() -> None:
+    """Triton < 3.5's interpreter calls ``int()`` on one-element arrays, which NumPy >= 2.4 refuses."""
+    import warnings
+
+    import numpy
+    import triton
+
+    if version_tuple(triton.__version__) < (3, 5) and version_tuple(numpy.__version__) >= (2, 4):
+        warnings.warn(f"Triton {triton.__version__}'s interpreter fails on kernels that loop over scalar "
+                      f"arguments with NumPy {numpy.__version__} ('only 0-dimensional arrays can be converted "
+                      "to Python scalars'): install numpy<2.4", RuntimeWarning, stacklevel=3)
