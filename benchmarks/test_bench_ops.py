@@ -85,7 +85,7 @@ def test_op(bench_device: torch.device, copy_gbps: float, benchmark: Any, point_
     median_us = benchmark.stats.stats.median * 1e6
     benchmark.extra_info.update(clean({
         "op": spec.name, "impl": impl, "point": point.label, "dtype": point.dtype, "params": point.params,
-        "timer": "cuda_event", "l2_flush": True, "first_call_s": built.first_call_s,
+        "timer": "cuda_event", "l2_flush": True, "first_call_s": built.first_call_s, "device": str(bench_device),
         **figures(spec, point, median_us=median_us, copy_gbps=copy_gbps, role=CONTENDERS[impl].role),
         "launches": launches, "memory": memory,
         "input_bytes": sum(t.untyped_storage().nbytes() for t in inputs.values()),

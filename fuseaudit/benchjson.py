@@ -66,7 +66,8 @@ def gpu_info(device_index: int | None = None) -> dict[str, Any]:
     from . import nvml
 
     info: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__,
-                            "cuda": torch.version.cuda, "cudnn": None}
+                            "cuda": torch.version.cuda, "cudnn": None,
+                            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         info["cudnn"] = torch.backends.cudnn.version()
     except Exception:

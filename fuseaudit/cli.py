@@ -23,6 +23,7 @@ COMMANDS = {
     "report": ("fuseaudit.report", "render the HTML report from stored results"),
     "bench": ("fuseaudit.bench", "time ops over a sweep of shapes (GPU)"),
     "compare": ("fuseaudit.compare", "compare two benchmark JSON files; non-zero on slow-downs"),
+    "merge": ("fuseaudit.merge", "join pytest-benchmark JSON files (one per GPU shard) into one"),
     "e2e": ("fuseaudit.e2e", "what fusion buys in a decode step: TTFT/TPOT per variant beside the microbenchmark"),
 }
 

@@ -7,6 +7,9 @@ Options (one prefix, ``--fuseaudit-``):
                                       the user's own Hypothesis settings)
 ``--fuseaudit-device {auto,cpu,cuda}`` where kernels run; ``cpu`` turns on
                                       Triton's interpreter
+``--fuseaudit-shard K/N``             run only tests ``K, K+N, K+2N, ...`` of
+                                      the collected order (0-based): one pytest
+                                      process per GPU where xdist cannot go
 
 Fixtures: ``fuseaudit_device`` (session scope, so it works under ``@given``)
 and ``fuseaudit_launches``, which counts the kernels launched inside a
@@ -24,10 +27,19 @@ Under pytest-xdist (``-n N``) worker ``gwK`` is pinned to GPU ``K % device_count
 (``torch.cuda.set_device``) and ``fuseaudit_device`` is that GPU, ``"cuda:<index>"``; on the CPU
 there is nothing to pin.  Every test's report carries the device in its
 ``user_properties`` (``("fuseaudit_device", device)``, in junit XML too).
+
+pytest-benchmark turns itself off under xdist, so the benchmarks spread over
+GPUs by shards instead, one process per GPU, and ``fuseaudit merge`` joins
+their JSON files (each benchmark keeps the device it ran on)::
+
+    for k in 0 1; do CUDA_VISIBLE_DEVICES=$k pytest benchmarks --fuseaudit-shard $k/2 \
+        --benchmark-json part-$k.json & done; wait
+    fuseaudit merge part-0.json part-1.json --out bench.json
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -42,6 +54,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Hypothesis profile and size bounds for fuseaudit strategies")
     group.addoption("--fuseaudit-device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="device for kernels; cpu runs Triton's interpreter (default: cuda if available)")
+    group.addoption("--fuseaudit-shard", default=None, metavar="K/N", type=_shard,
+                    help="run only every N-th collected test from the K-th (0-based), e.g. one process per GPU")
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)`` with ``0 <= K < N``; otherwise a usage error naming the expected form."""
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
+    return int(k), int(n)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = config.getoption("--fuseaudit-shard")
+    if shard is None:
+        return
+    k, n = shard
+    kept = [item for i, item in enumerate(items) if i % n == k]
+    dropped = [item for i, item in enumerate(items) if i % n != k]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
 
 
 def pytest_configure(config: pytest.Config) -> None:

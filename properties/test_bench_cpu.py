@@ -59,6 +59,28 @@ def _write(path: Path, entries: list[dict]) -> Path:
     return benchjson.write(path, benchjson.document(entries, machine={"node": "test"}, fuseaudit={"skipped": []}))
 
 
+def test_merge_joins_shards_and_keeps_the_device(tmp_path: Path, capsys) -> None:
+    from fuseaudit.cli import main as cli_main
+
+    parts = []
+    for k, impls in enumerate((("reference", "eager"), ("compile",))):
+        doc = benchjson.document([_entry(i, 10.0 + k) for i in impls],
+                                 machine={"node": "test", "gpu": {"name": f"GPU{k}", "nvml": {"index": k}}})
+        parts.append(benchjson.write(tmp_path / f"part-{k}.json", doc))
+    out = tmp_path / "all.json"
+    assert cli_main(["merge", *map(str, parts), "--out", str(out)]) == 0
+    merged = benchjson.load(out)
+    assert [b["params"]["impl"] for b in merged["benchmarks"]] == ["reference", "eager", "compile"]
+    assert [b["extra_info"]["merged_from"]["nvml_index"] for b in merged["benchmarks"]] == [0, 0, 1]
+    assert [p["file"] for p in merged["machine_info"]["parts"]] == ["part-0.json", "part-1.json"]
+    changes = compare(merged, merged)  # still pytest-benchmark JSON our tools read
+    assert len(changes) == 3 and not any(c.verdict == "SLOWER" for c in changes)
+    capsys.readouterr()
+    assert cli_main(["merge", str(parts[0]), str(parts[0]), "--out", str(out)]) == 2  # a benchmark twice
+    err = capsys.readouterr().err
+    assert "is in both" in err and len(err.strip().splitlines()) == 1
+
+
 # ---------------------------------------------------------------------------
 # Timing refuses clearly without a GPU
 # ---------------------------------------------------------------------------

@@ -99,3 +99,26 @@ def test_plugin_under_xdist_records_the_device(pytester: pytest.Pytester) -> Non
     result.assert_outcomes(passed=2)
     props = [(p.get("name"), p.get("value")) for p in ET.parse(junit).getroot().iter("property")]
     assert props.count(("fuseaudit_device", "cpu")) == 2, props
+
+
+SHARD_TESTS = """
+import pytest
+
+@pytest.mark.parametrize("i", range(5))
+def test_item(i):
+    pass
+"""
+
+
+def test_shards_split_the_collected_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SHARD_TESTS)
+    ran = []
+    for k in range(2):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fuseaudit-device=cpu",
+                                               f"--fuseaudit-shard={k}/2", "-v")
+        result.assert_outcomes(passed=3 - k, deselected=2 + k)
+        ran += [line.split("::")[1].split()[0] for line in result.outlines if "PASSED" in line]
+    assert sorted(ran) == [f"test_item[{i}]" for i in range(5)]  # every test in exactly one shard
+    bad = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fuseaudit-device=cpu", "--fuseaudit-shard=2/2")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "K/N" in bad.stderr.str()
