@@ -206,6 +206,17 @@ def test_nvml_failing_queries_become_reasons(monkeypatch):
     assert s["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
     assert s["temperature_c"] is None and "not supported" in s["temperature_c_reason"]
     assert s["memory_used_bytes"] is None and s["process_memory_bytes"] is None
+    assert "window" in s["energy_suspect"]  # a block of microseconds: the counter cannot resolve it
+
+
+def test_energy_readings_are_doubted_when_short_or_above_the_power_limit():
+    class Nv:
+        def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+            return 700_000  # milliwatts
+
+    assert nvml._energy_doubt(Nv(), 0, seconds=2.0, watts=650.0) is None
+    assert "window 0.200 s" in nvml._energy_doubt(Nv(), 0, seconds=0.2, watts=650.0)
+    assert "above the 700 W power limit" in nvml._energy_doubt(Nv(), 0, seconds=2.0, watts=1283.0)
 
 
 def test_throttle_reasons_decoded():
