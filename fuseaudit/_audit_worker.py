@@ -336,7 +336,7 @@ class Worker:
             return
         self.emit({"event": "start", "phase": "launches", "case": case.to_json()})
         inputs = materialize(case, self.device)
-        reason = self._unsupported(inputs, case)
+        reason = self._unsupported(case, inputs)
         if reason:
             self.emit({**base, "error": f"not counted: the target declares this case unsupported ({reason})"})
             return
@@ -353,11 +353,9 @@ class Worker:
         self.emit({**base, "count": count.to_dict(), "describe": count.describe()})
 
     def _phase_determinism(self) -> None:
-        from .case import materialize
-
         for case in self._cases():
             self.emit({"event": "start", "phase": "determinism", "case": case.to_json()})
-            reason = self._unsupported(materialize(case, self.device), case)
+            reason = self._unsupported(case)
             if reason:
                 self.emit({"event": "determinism", "case": case.to_json(), "status": "skip",
                            "message": f"not compared: the target declares this case unsupported ({reason})"})
@@ -373,10 +371,15 @@ class Worker:
             status, message = bitwise_difference(self.spec.outputs, first, second)
             self.emit({"event": "determinism", "case": case.to_json(), "status": status, "message": message})
 
-    def _unsupported(self, inputs: dict[str, Any], case: Any) -> str | None:
-        from .check import declared_unsupported
+    def _unsupported(self, case: Any, inputs: dict[str, Any] | None = None) -> str | None:
+        """The target's own reason not to take ``case`` (inputs made only when it declares per-input support)."""
+        from .case import materialize
+        from .check import SUPPORTS_ATTRIBUTE, declared_unsupported
 
+        if getattr(self.impl, SUPPORTS_ATTRIBUTE, None) is None:
+            return None
         try:
+            inputs = materialize(case, self.device) if inputs is None else inputs
             return declared_unsupported(self.spec, self.impl, inputs, case.params)
         except Exception as exc:  # judged in the search phase (runs); here it only stops the call
             return f"its support declaration raised {type(exc).__name__}: {exc}"
