@@ -215,8 +215,9 @@ def _sdpa(backend_name: str) -> Callable[..., Any]:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **extra)
 
     def supports(q, k, v, causal=False, scale=None) -> str | None:
-        """The backend's own check (torch.backends.cuda.can_use_*), asked before the call."""
-        return _backend_refuses(backend_name, *prepare(q, k, v), causal=causal)
+        """The backend's own check (torch.backends.cuda.can_use_*), asked before the call, in its context."""
+        with sdpa_kernel(backend):  # the enable flags as the call will see them
+            return _backend_refuses(backend_name, *prepare(q, k, v), causal=causal)
 
     attention.__name__ = f"sdpa_{backend_name.lower()}"
     if backend_name != "MATH":  # the math backend takes everything
