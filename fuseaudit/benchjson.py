@@ -29,14 +29,13 @@ from the per-repeat samples, in seconds per call.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from .jsonio import write_json
+from .jsonio import read_json, write_json
 
 __all__ = ["BenchJsonError", "benchmark_entry", "clean", "document", "gpu_info", "load", "machine_info", "write"]
 
@@ -166,14 +165,7 @@ def write(path: str | os.PathLike[str], doc: dict[str, Any]) -> pathlib.Path:
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a pytest-benchmark JSON file; :class:`BenchJsonError` (one line) otherwise."""
     p = pathlib.Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BenchJsonError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BenchJsonError(f"{p}: cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise BenchJsonError(f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    doc = read_json(p, BenchJsonError)
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise BenchJsonError(f"{p}: not pytest-benchmark JSON (no 'benchmarks' list)")
     for i, bench in enumerate(doc["benchmarks"]):

@@ -5,6 +5,7 @@ report or another tool would choke on them.  :func:`jsonable` turns
 non-finite floats into the strings ``"inf"``, ``"-inf"`` and ``"nan"`` (read
 back with :func:`fuseaudit.results.number`), and :func:`write_json` writes
 atomically, so a run killed mid-write keeps the previous version of the file.
+:func:`read_json` reads one back, or raises the caller's error with one line.
 """
 
 from __future__ import annotations
@@ -38,3 +39,16 @@ def write_json(path: str | os.PathLike[str], doc: Any, *, indent: int = 2,
     tmp.write_text(json.dumps(convert(doc), indent=indent, allow_nan=False) + "\n", encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+def read_json(path: str | os.PathLike[str], error: type[Exception]) -> Any:
+    """The JSON value in ``path``; ``error`` with one line (missing, unreadable, not JSON) otherwise."""
+    p = pathlib.Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{p}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None

@@ -43,7 +43,6 @@ A case record (:func:`case_record`)::
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import pathlib
@@ -51,7 +50,7 @@ import platform
 import subprocess
 from typing import Any
 
-from .jsonio import write_json
+from .jsonio import read_json, write_json
 
 SCHEMA = "fuseaudit-results/1"
 PROPERTY_ORDER = ("runs", "contract", "inputs_unchanged", "numerics", "launches", "determinism")
@@ -101,14 +100,7 @@ def write(path: str | os.PathLike[str], doc: dict[str, Any]) -> pathlib.Path:
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a results document; :class:`ResultsError` (one line) when it is not one."""
     p = pathlib.Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ResultsError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ResultsError(f"{p}: cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ResultsError(f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    doc = read_json(p, ResultsError)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultsError(f"{p}: not a fuseaudit results file (schema is not {SCHEMA!r})")
     if not isinstance(doc.get("audits"), list) or doc.get("device") not in ("cpu", "cuda"):
