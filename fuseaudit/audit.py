@@ -272,15 +272,23 @@ def _chain(*callbacks: Callable[[dict[str, Any]], None] | None) -> Callable[[dic
     return both
 
 
+# Off a terminal (a log, CI), a plain line at each phase and every this many examples.
+LOG_EVERY_EXAMPLES = 10
+
+
 @contextlib.contextmanager
 def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]], None] | None]:
-    if not (enabled and sys.stderr.isatty()):
+    """Progress on stderr: a live status line on a terminal, plain timestamped lines in a log."""
+    if not enabled:
         yield None
         return
-    from rich.console import Console
+    state: dict[str, Any] = {"done": 0, "failing": 0, "phase": "loading the target", "said": ""}
+    start = time.monotonic()
+    status = None
+    if sys.stderr.isatty():
+        from rich.console import Console
 
-    state = {"done": 0, "failing": 0, "phase": "loading the target"}
-    status = Console(stderr=True).status(f"audit {job.op}: loading the target")
+        status = Console(stderr=True).status(f"audit {job.op}: loading the target")
 
     def on_event(event: dict[str, Any]) -> None:
         kind = event["event"]
@@ -294,15 +302,23 @@ def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]
         if state["phase"] == "search":
             extra = " (shrinking)" if state["done"] > job.examples else ""
             text = f"search: {state['done']}/{job.examples} examples, {state['failing']} failing{extra}"
+            milestone = f"search {state['done'] // LOG_EVERY_EXAMPLES}"
         else:
-            text = str(state["phase"])
-        status.update(f"audit {job.op}: {text}")
+            text = milestone = str(state["phase"])
+        if status is not None:
+            status.update(f"audit {job.op}: {text}")
+        elif (state["phase"] == "search" or state["said"]) and milestone != state["said"]:
+            # silent until the search starts, so that a usage error stays one line
+            state["said"] = milestone
+            print(f"{time.monotonic() - start:6.0f}s audit {job.op}: {text}", file=sys.stderr, flush=True)
 
-    status.start()
+    if status is not None:
+        status.start()
     try:
         yield on_event
     finally:
-        status.stop()
+        if status is not None:
+            status.stop()
 
 
 # ---------------------------------------------------------------------------

@@ -55,7 +55,8 @@ def activate(profile: str) -> None:
 def resolve_device(device: str = "auto") -> str:
     """``cuda`` when asked for or available; else ``cpu`` with Triton's interpreter on.
 
-    ``cuda:K`` (one GPU of several: a pytest-xdist worker's) is kept as it is.
+    ``cuda:K`` (one GPU of several: a pytest-xdist worker's) is kept as it is
+    and made the current device, since Triton launches on the current device.
 
     The interpreter switch must be set before any kernel module is imported,
     which is why every entry point calls this first.
@@ -66,6 +67,9 @@ def resolve_device(device: str = "auto") -> str:
         index = device[len("cuda:"):]
         if not index.isdigit() or int(index) >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: no such CUDA device ({torch.cuda.device_count()} available)")
+        # Triton launches on the current device: make it this one (an audit child given cuda:1
+        # would otherwise launch on GPU 0 with GPU 1's pointers)
+        torch.cuda.set_device(int(index))
         return device
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu, cuda or cuda:K, got {device!r}")

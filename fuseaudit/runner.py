@@ -45,7 +45,6 @@ import os
 import pathlib
 import queue
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -285,10 +284,12 @@ def e2e_step(device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
 # The run
 # ---------------------------------------------------------------------------
 
-# Seconds per example, measured on the H200 (fuseaudit run --gpus 2, 2026-11-29): a row-op
-# reference ~0.6, the autotuned attention reference ~12, torch.compile ~4 (a recompile per
-# shape), an SDPA backend ~1.  Only their order matters: it schedules the longest audits first.
-_SECONDS_PER_EXAMPLE = {("attention", "reference"): 12.0, "builtin:compile": 4.0, "builtin": 1.0, "reference": 0.6}
+# Seconds per example (audit start-up included), measured on the H200 (fuseaudit run --gpus 2,
+# 15 reference / 6 target examples, 2026-11-29): a row-op reference ~1.2, the autotuned attention
+# reference ~15, torch.compile ~5 (a recompile per shape), an SDPA backend ~2.  Their order schedules
+# the longest audits first; their scale, corrected by the finished audits' times, says whether an
+# audit still fits a --time-limit.
+_SECONDS_PER_EXAMPLE = {("attention", "reference"): 15.0, "builtin:compile": 5.0, "builtin": 2.0, "reference": 1.2}
 
 
 def expected_cost(job: tuple[str, str, str, int]) -> float:
@@ -297,6 +298,17 @@ def expected_cost(job: tuple[str, str, str, int]) -> float:
     rate = _SECONDS_PER_EXAMPLE.get((op, kind)) or _SECONDS_PER_EXAMPLE.get(target) or \
         _SECONDS_PER_EXAMPLE.get(kind, 1.0)
     return rate * examples
+
+
+def expected_seconds(job: tuple[str, str, str, int], finished: list[tuple[float, float]]) -> float:
+    """``expected_cost(job)`` scaled by how long the ``finished`` audits, ``(expected_cost, seconds)``,
+    took against their own (0 before any).
+
+    A plain mean over finished audits would let one long attention audit keep
+    every short row-op audit from starting near a time limit.
+    """
+    cost = sum(c for c, _ in finished)
+    return expected_cost(job) * sum(s for _, s in finished) / cost if cost > 0 else 0.0
 
 
 def worker_device(device: str, worker: int) -> tuple[str, dict[str, str] | None]:
@@ -333,7 +345,7 @@ class _Run:
         self.old = _resumed(path, device) if args.resume else None
         self.kept = {(a["op"], a["target"]): a for a in (self.old or {}).get("audits", [])
                      if a.get("status") == "done"}
-        self.audit_seconds: list[float] = []
+        self.finished: list[tuple[float, float]] = []  # (expected_cost, seconds) of each audit run
         self.lock = threading.Lock()  # the document, the progress and the clock's figures, across workers
 
     def left(self) -> float:
@@ -366,8 +378,7 @@ class _Run:
                 return
             device, env = worker_device(self.device, worker)
             with self.lock:
-                expected = statistics.mean(self.audit_seconds) if self.audit_seconds else 0.0
-                late = self.left() < expected
+                late = self.left() < expected_seconds(jobs[i], self.finished)
                 if not late:
                     self.progress.begin_audit(op, target, examples)
             if late:
@@ -381,7 +392,7 @@ class _Run:
             entry.update(worker=worker, device=device)
             with self.lock:
                 if not late:
-                    self.audit_seconds.append(entry["elapsed_s"])
+                    self.finished.append((expected_cost(jobs[i]), entry["elapsed_s"]))
                 self.progress.end_audit(entry)
             publish(i, entry)
 

@@ -154,6 +154,7 @@ ROW_TILE = 2048
 # ... but only while the grid keeps at least this many programs.
 MIN_PROGRAMS = 1024
 MIN_WARPS = 4
+WIDE_WHOLE_ROW_WARPS = 32  # whole rows past MAX_FUSED_BYTES (RowTuning.fused_scale > 1)
 # Triton's CPU interpreter pays per program, not per element: there, one
 # program takes as many rows as fit in this many elements.
 INTERPRETER_TILE = 1 << 20
@@ -172,6 +173,12 @@ class RowTuning(NamedTuple):
     elements_per_thread: int
     max_warps: int
     wide_warps: int
+    # Whole rows up to fused_scale x MAX_FUSED_BYTES; those past MAX_FUSED_BYTES
+    # get up to WIDE_WHOLE_ROW_WARPS warps.  2 for the residual variants: their
+    # looped kernel re-reads two inputs, and on the H200 (bf16, 16384 x 32768)
+    # whole rows in 32 warps beat it: add_rms_norm 1034 vs 1099 µs,
+    # add_layer_norm 1122 vs 1208 µs (plain rms_norm: 590 vs 526, so it loops).
+    fused_scale: int = 1
 
 
 def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> tuple[int, int, int, bool]:
@@ -190,8 +197,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
                       interpreter: bool) -> tuple[int, int, int, bool]:
     cap = max(max_fused_bytes // element_size, 1)
     block_n = next_pow2(n)
-    wide = block_n > cap
-    if wide:  # loop over the row in blocks of half the cap
+    wide = block_n > cap * tuning.fused_scale
+    if wide:  # loop over the row in blocks of half the (unscaled) cap
         return 1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)
@@ -199,7 +206,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     if interpreter:
         block_m = min(next_pow2(rows), max(INTERPRETER_TILE // block_n, 1))
     threads = block_m * block_n // tuning.elements_per_thread
-    num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), tuning.max_warps)
+    max_warps = tuning.max_warps if block_n * element_size <= max_fused_bytes else WIDE_WHOLE_ROW_WARPS
+    num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), max_warps)
     return block_m, block_n, num_warps, False
 
 

@@ -22,7 +22,8 @@ Two kernels share the work:
 * :func:`layer_norm_kernel` keeps whole rows in registers, so the second pass
   over ``x - mean`` costs no memory traffic: one read of each input, one
   write of each output.  Short rows go ``BLOCK_M`` to a program.
-* :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``.
+* :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
+  (twice that with a residual, see ``ADD_TUNING``).
   Pass 1 loops over column blocks; each block's mean and sum of squared
   deviations ``M2`` are two-pass values (the block is in registers), and
   blocks merge with Chan et al.'s parallel formula, which has no cancellation::
@@ -50,6 +51,8 @@ from ._rows import RowTuning, check_row_shapes, check_tensors, row_block_config,
 # Two reductions per row (and Chan merges per block in the looped kernel):
 # at most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8)
+# The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
+ADD_TUNING = TUNING._replace(fused_scale=2)
 
 
 @triton.jit
@@ -204,7 +207,8 @@ def _layer_norm(
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), TUNING)
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(),
+                                                        TUNING if residual is None else ADD_TUNING)
     r_arg = x if residual is None else residual  # never read without a residual
     h_arg = y if h is None else h  # never written without a residual
     if wide:

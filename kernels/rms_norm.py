@@ -20,9 +20,10 @@ Two kernels share the work:
 * :func:`rms_norm_kernel` keeps whole rows in registers: one read of each
   input, one write of each output.  When rows are short it takes a tile of
   ``BLOCK_M`` rows per program, so that every program moves a useful amount.
-* :func:`rms_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``:
-  it loops over column blocks twice (sum of squares, then normalise), so the
-  row is read twice; the second read usually hits L2.
+* :func:`rms_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
+  (twice that with a residual, see ``ADD_TUNING``): it loops over column
+  blocks twice (sum of squares, then normalise), so the row is read twice;
+  the second read usually hits L2.
 
 Rows are addressed in place whatever the strides (see ``_rows.py``); the
 outputs are new contiguous tensors, so an output row starts at ``row * N``.
@@ -40,6 +41,8 @@ from ._rows import RowTuning, check_row_shapes, check_tensors, row_block_config,
 # One reduction per row: 8 warps for an 8192-wide row, 32 for the looped kernel
 # (H200, bf16, 16384 rows: 135 µs at N=8192, 525 µs at N=32768).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32)
+# The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
+ADD_TUNING = TUNING._replace(fused_scale=2)
 
 
 @triton.jit
@@ -155,7 +158,8 @@ def _rms_norm(
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), TUNING)
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(),
+                                                        TUNING if residual is None else ADD_TUNING)
     r_arg = x if residual is None else residual  # never read without a residual
     h_arg = y if h is None else h  # never written without a residual
     if wide:

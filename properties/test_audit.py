@@ -27,6 +27,14 @@ PLANTED = Path(__file__).parent / "planted"
 EXAMPLES = 8
 
 
+@pytest.fixture(autouse=True)
+def _cpu_session(fuseaudit_device: str) -> None:
+    """These audits run planted kernels under the interpreter in this process: a CPU session's job."""
+    if fuseaudit_device != "cpu":
+        pytest.skip("the audit's own tests run planted kernels under Triton's interpreter in-process; "
+                    "a GPU session's process has its kernels compiled for the GPU (CI runs them on the CPU)")
+
+
 def planted(name: str) -> str:
     return f"{PLANTED / name.split(':')[0]}:{name.split(':')[1]}"
 

@@ -46,6 +46,16 @@ def test_longest_audits_are_scheduled_first() -> None:
     assert [j[1].split(":")[-1] for j in order] == ["attention", "compile", "swiglu", "sdpa-flash"]
 
 
+def test_time_limit_estimate_scales_each_audit_by_the_finished_ones() -> None:
+    """After a long attention audit, a short row-op audit is still expected to be short."""
+    attention = ("attention", "fuseaudit.kernels.attention:attention", "reference", 15)
+    rms_norm = ("rms_norm", "fuseaudit.kernels.rms_norm:rms_norm", "reference", 15)
+    assert runner.expected_seconds(rms_norm, []) == 0.0
+    finished = [(runner.expected_cost(attention), 2 * runner.expected_cost(attention))]  # ran twice as long
+    assert runner.expected_seconds(rms_norm, finished) == pytest.approx(2 * runner.expected_cost(rms_norm))
+    assert runner.expected_seconds(rms_norm, finished) < runner.expected_seconds(attention, finished) / 10
+
+
 def test_workers_are_validated(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli_main(["run", "--device", "cpu", "--workers", "0"]) == 2
     err = capsys.readouterr().err
