@@ -226,6 +226,7 @@ def summary(runs: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any
                               "title": str((props.get(p) or {}).get("summary", ""))})
             status = audit_status(a)
             rows.append({"run": label, "op": a["op"], "target": a["target"], "kind": a["kind"], "cells": cells,
+                         "device": a.get("device") or run["device"],
                          "status": status, "cls": STATUS_CLASS.get(status, "skip"), "cases": len(a.get("cases", [])),
                          "seconds": fmt(a.get("elapsed_s"), ".0f"), "message": a.get("message", "")})
     return rows
@@ -568,9 +569,12 @@ def build(runs: list[dict[str, Any]]) -> dict[str, Any]:
     verdict = {"ok": bool(refs) and not bad, "refs": len(refs), "bad": len(bad),
                "ops": len({a["op"] for a in refs}), "failed_ops": sorted({a["op"] for a in bad})}
     head, e2e_view = headline(runs, labels, records), e2e(runs)
+    summary_rows = summary(runs, labels)
     return {
         "labels": labels, "verdict": verdict, "properties": PROPERTY_ORDER,
-        "headline": head, "takeaways": takeaways(head, records, e2e_view), "summary": summary(runs, labels),
+        "headline": head, "takeaways": takeaways(head, records, e2e_view), "summary": summary_rows,
+        # a run spread over several GPUs (fuseaudit run --gpus N): each audit's device gets a column
+        "multi_device": len({r["device"] for r in summary_rows}) > 1,
         "failures": failures(runs, labels), "tolerance": tolerance(runs, labels),
         "launch_table": _launch_rows(runs), "speed": speed(records, meta), "e2e": e2e_view,
         "environment": environment(runs, labels), "steps": steps(runs, labels),

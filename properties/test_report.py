@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fuseaudit import benchjson, report, results, runner
+from fuseaudit import benchjson, report, report_view, results, runner
 from fuseaudit.case import Case
 from fuseaudit.catalog import OPS
 from fuseaudit.cli import main as cli_main
@@ -303,3 +303,15 @@ def test_merged_cpu_and_gpu_results(tmp_path: Path, cpu_run: tuple[int, Path]) -
     html = out.read_text(encoding="utf-8")
     assert "cpu · " in html and "cuda · NVIDIA H200" in html
     assert json.loads((cpu_run[1] / "results-cpu.json").read_text())["schema"] == results.SCHEMA
+
+
+def test_audits_spread_over_gpus_show_their_device() -> None:
+    """A ``--gpus N`` run records each audit's GPU; the verdict table gets a device column then only."""
+    one = synthetic_results()
+    assert not report_view.build([one])["multi_device"]
+    spread = synthetic_results()
+    for i, a in enumerate(spread["audits"]):
+        a["device"] = f"cuda:{i % 2}"
+    view = report_view.build([spread])
+    assert view["multi_device"]
+    assert [r["device"] for r in view["summary"]] == [f"cuda:{i % 2}" for i in range(len(spread["audits"]))]
