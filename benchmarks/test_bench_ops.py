@@ -23,15 +23,10 @@ from fuseaudit.contenders import Contender, ContenderUnavailable, build
 from fuseaudit.launches import count_launches
 from fuseaudit.measure import energy_loop, figures, peak_memory
 from fuseaudit.sweep import Point, bench_inputs, default_points
-from fuseaudit.timing import CudaEventClock, flush_l2
+from fuseaudit.timing import HOLD_US, CudaEventClock, flush_l2
 
 ROUNDS = 50
 WARMUP_ROUNDS = 5
-# GPU held busy after each flush while the host enqueues start event, call and end event.  50 µs was
-# too short here (H200, 2026-11-29): pytest-benchmark's round plus our wrapper's host time let the
-# GPU idle inside the events (rms_norm at 16384 x 8192 timed 184 µs against 137 µs by
-# `fuseaudit bench`), so hold a millisecond, far above any call's host time.
-HOLD_US = 1000.0
 ENERGY_SECONDS = 1.0  # back-to-back loop for energy per call (the counter is coarse over shorter windows)
 CLOCK = CudaEventClock()
 
@@ -89,7 +84,8 @@ def test_op(bench_device: torch.device, copy_gbps: float, benchmark: Any, point_
     median_us = benchmark.stats.stats.median * 1e6
     benchmark.extra_info.update(clean({
         "op": spec.name, "impl": impl, "point": point.label, "dtype": point.dtype, "params": point.params,
-        "timer": "cuda_event", "l2_flush": True, "first_call_s": built.first_call_s, "device": str(bench_device),
+        "timer": "cuda_event", "l2_flush": True, "hold_us": HOLD_US, "first_call_s": built.first_call_s,
+        "device": str(bench_device),
         **figures(spec, point, median_us=median_us, copy_gbps=copy_gbps, role=CONTENDERS[impl].role),
         "launches": launches, "memory": memory,
         "input_bytes": sum(t.untyped_storage().nbytes() for t in inputs.values()),

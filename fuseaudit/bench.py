@@ -232,6 +232,7 @@ def _run_point(session: _Session, the_plan: Plan, spec: OpSpec, point: Point) ->
     from .contenders import ContenderUnavailable, build, contenders_for
     from .measure import measure
     from .sweep import bench_inputs
+    from .timing import HOLD_US
 
     where = {"op": spec.name, "point": point.label, "dtype": point.dtype}
     try:
@@ -255,7 +256,7 @@ def _run_point(session: _Session, the_plan: Plan, spec: OpSpec, point: Point) ->
         session.entries.append(benchjson.benchmark_entry(
             op=spec.name, impl=m.contender, point_label=point.label, dtype=point.dtype,
             params=point.bench_params(), samples_s=[s * 1e-6 for s in m.timing.samples_us], extra_info=m.extra,
-            options={"timer": "cuda_event", "mode": m.timing.mode, "l2_flush": True,
+            options={"timer": "cuda_event", "mode": m.timing.mode, "l2_flush": True, "hold_us": HOLD_US,
                      "target_seconds": session.options.target_seconds, "min_rounds": session.options.min_repeats}))
     _add_ratios(session.entries, spec.name, point)
     del inputs
@@ -268,7 +269,7 @@ def _run(the_plan: Plan, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
 
     from . import nvml
     from .measure import MeasureOptions
-    from .timing import measure_copy_bandwidth, require_cuda
+    from .timing import HOLD_US, measure_copy_bandwidth, require_cuda
 
     dev = require_cuda()
     session = _Session(device=dev, copy_gbps=measure_copy_bandwidth(dev),
@@ -304,7 +305,7 @@ def _run(the_plan: Plan, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
                                                   e["extra_info"].get("dtype")), len(rank)))
     meta = {"copy_gbps": session.copy_gbps, "skipped": session.skipped, "interrupted": interrupted,
             "seconds": round(time.monotonic() - t_start, 1), "argv": sys.argv, "nvml": nvml.status(),
-            "l2_flush": True}
+            "l2_flush": True, "hold_us": HOLD_US}
     return session.entries, meta
 
 

@@ -154,6 +154,14 @@ _FLUSH_BUFFERS: dict[int, torch.Tensor] = {}
 _CYCLES_PER_US = 2000
 
 
+# GPU held busy after each L2 flush while the host enqueues start event, call and end event.  50 µs
+# was too short on the H200 (2026-11-29): a wrapper's host time (our attention's autotuner
+# dispatch and split-K buffers, pytest-benchmark's round) let the GPU idle inside the events
+# (attention decode Sk=4096 timed 302 µs against 55 µs with this hold; rms_norm 16384 x 8192
+# 184 µs against 136), so hold a millisecond, far above any call's host time.
+HOLD_US = 1000.0
+
+
 def flush_l2(device: torch.device | str | int | None = None, *, hold_us: float = 0.0) -> None:
     """Evict L2 by writing a buffer larger than it, then keep the GPU busy about ``hold_us`` more.
 
@@ -210,7 +218,7 @@ def _repeat_count(repeats: int | None, per_repeat_us: float, *, target_seconds: 
 
 def time_events(fn: Callable[..., Any], *, rotate: Sequence[Sequence[Any]] = ((),), warmup: int = 3,
                 repeats: int | None = None, target_seconds: float = 0.05, min_repeats: int = 10,
-                max_repeats: int = 200, flush: bool = True, hold_us: float = 50.0,
+                max_repeats: int = 200, flush: bool = True, hold_us: float = HOLD_US,
                 around: AbstractContextManager[Any] | None = None,
                 device: torch.device | str | int | None = None) -> Timing:
     """Device time of ``fn(*rotate[i % len(rotate)])``, one CUDA-event pair per repeat.
