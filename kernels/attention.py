@@ -548,9 +548,9 @@ def _use_descriptors(q: torch.Tensor, decode: bool, interp: bool) -> bool:
     """K/V through tensor descriptors: half-precision prefill at ``D = 128`` on Hopper or newer.
 
     Measured on the H200 (bf16, autotuned, median µs pointer loads -> descriptors):
-    D = 128 gained at 7 of 8 points, 1.3-4.5% (S = 8192 causal 2441 -> 2333),
-    lost 2% at S = 16384; D = 64 lost 4.6% at S = 4096 (1265 -> 1323), so it
-    keeps pointer loads.  Under the interpreter too, so CPU tests cover the path.
+    D = 128 gained at 9 of 10 points, 1.3-4.5% (S = 8192 causal 2441 -> 2333),
+    lost 2% at S = 16384 non-causal; D = 64 lost 4.6% at S = 4096 (1265 -> 1323),
+    so it keeps pointer loads.  Under the interpreter too, so CPU tests cover the path.
     ``FUSEAUDIT_ATTENTION_TMA=0`` turns it off (pointer loads everywhere).
     """
     if decode or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] != DESCRIPTOR_HEAD_DIM:
