@@ -5,16 +5,22 @@ import pytest
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(autouse=True)
-def _interpreter_switch_stays_put():
-    """Undo a test's change of ``TRITON_INTERPRET`` (an in-process ``--device cpu`` run sets it).
+@pytest.fixture(scope="session", autouse=True)
+def _session_interpreter_switch() -> str | None:
+    """``TRITON_INTERPRET`` as the session began (set for a CPU session, unset for a GPU one)."""
+    return os.environ.get("TRITON_INTERPRET")
 
-    In a GPU session a leaked switch would send every later test of the same
+
+@pytest.fixture(autouse=True)
+def _interpreter_switch_stays_put(_session_interpreter_switch: str | None):
+    """Put ``TRITON_INTERPRET`` back as the session had it after every test.
+
+    An in-process ``--device cpu`` run (a test's or a module fixture's) sets it;
+    in a GPU session a leaked switch would send every later test of the same
     worker through the interpreter's host paths (huge row tiles, no launcher cache).
     """
-    before = os.environ.get("TRITON_INTERPRET")
     yield
-    if before is None:
+    if _session_interpreter_switch is None:
         os.environ.pop("TRITON_INTERPRET", None)
     else:
-        os.environ["TRITON_INTERPRET"] = before
+        os.environ["TRITON_INTERPRET"] = _session_interpreter_switch
