@@ -9,39 +9,46 @@ kernels, against about 14 µs through the compiled kernel's own launcher and
 11 µs for one eager PyTorch op.  At decode shapes (a few rows) the kernel
 itself runs in about 2 µs, so the host is what a decode step waits for.
 
-:func:`launch` remembers, per call site, the compiled kernel behind a key
-that is *finer* than Triton's own: every integer and float argument by
-value, every tensor by dtype and by whether its data pointer is 16-byte
-aligned, the constexprs and launch options by value, the grid and the
-current CUDA device.  Equal keys imply equal Triton specialisations, so a hit
-may launch the cached compiled kernel directly (its ``kernel[grid]`` runner,
-which still calls Triton's launch hooks, so launch counting is unchanged).
-A miss takes Triton's normal path and caches what it returns.  Measured on
-the H200 host (``reports/h200/host-time.txt``, rows=8, N=4096): 5 to 19 µs
-less per wrapper call (rms_norm 43 -> 38 µs, add_rms_norm 60 -> 41 µs); the
-rest (output allocation, argument checks, the launcher itself) still puts a
-wrapper at 2-5x one eager op, so decode steps want CUDA graphs.
+Our wrappers spend as long again before the launch: argument checks, folding
+the leading dims, choosing the tile.  All of that depends only on the inputs'
+*metadata*, so a wrapper describes its launch as a :class:`Plan` (kernel,
+grid, scalar arguments, constexprs and launch options: everything but the
+tensors) and :func:`planned` keeps plans by a key of
 
-The normal path is always taken under Triton's interpreter, on a Triton
-without ``CompiledKernel.__getitem__``, and with ``FUSEAUDIT_FAST_LAUNCH=0``
-(to rule this cache out when a result looks wrong).
+* the wrapper's own parameters (op, eps, its tuning, knobs tests change),
+* each input tensor's shape, strides, dtype, device and whether its data
+  pointer is 16-byte aligned (what Triton specialises pointers on),
+* the current CUDA device.
+
+Equal keys imply equal checks, equal scalar arguments and equal Triton
+specialisations (outputs are fresh contiguous allocations, always aligned),
+so a plan that has launched once calls its compiled kernel directly (its
+``kernel[grid]`` runner, which still calls Triton's launch hooks, so launch
+counting is unchanged).  A new key takes the wrapper's full path (checks
+included) and Triton's normal launch, and keeps what they return.
+
+Plans are never kept under Triton's interpreter, on a Triton without
+``CompiledKernel.__getitem__``, or with ``FUSEAUDIT_FAST_LAUNCH=0`` (to rule
+this cache out when a result looks wrong): every call then checks, plans and
+launches through ``kernel[grid]``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
 from ._rows import interpreting
 
-__all__ = ["clear_cache", "launch"]
+__all__ = ["Plan", "clear_cache", "planned"]
 
 # A few thousand shapes per process is plenty for serving; a long randomised
 # audit would otherwise grow it without bound, so it is emptied when full.
 MAX_ENTRIES = 4096
-_CACHE: dict[tuple[Any, ...], Any] = {}
+_PLANS: dict[Hashable, Plan | None] = {}
 
 
 def _enabled() -> bool:
@@ -49,47 +56,84 @@ def _enabled() -> bool:
 
 
 def clear_cache() -> None:
-    """Forget every cached launcher (e.g. after changing Triton options)."""
-    _CACHE.clear()
+    """Forget every kept plan (e.g. after changing Triton options)."""
+    _PLANS.clear()
 
 
-def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
-    """``kernel[grid](*args, **meta)``, through a cached launcher when this call was seen before.
+class Plan:
+    """One kernel launch with everything but its tensors fixed.
 
-    ``args`` are the kernel's leading positional arguments (tensors, ints,
-    floats); ``meta`` are its remaining arguments (constexprs, by name) and
-    Triton's launch options (``num_warps``, ``num_stages``).
+    ``Plan(kernel, grid, *scalars, **meta)(*tensors)`` is
+    ``kernel[grid](*tensors, *scalars, **meta)``: the kernel takes its tensor
+    arguments first, then ``scalars`` (ints, floats); ``meta`` names its
+    constexprs and Triton's launch options (``num_warps``, ``num_stages``).
+    """
+
+    __slots__ = ("_fast", "grid", "kernel", "meta", "scalars")
+
+    def __init__(self, kernel: Any, grid: tuple[int, ...], *scalars: Any, **meta: Any) -> None:
+        self.kernel = kernel
+        self.grid = grid
+        self.scalars = scalars
+        self.meta = meta
+        self._fast: tuple[Any, tuple[Any, ...]] | None = None
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        fast = self._fast
+        if fast is not None:
+            fast[0](*tensors, *fast[1])
+            return
+        compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.meta)
+        if _enabled():
+            self._fast = _runner(self, compiled, len(tensors))
+
+    def __repr__(self) -> str:
+        name = getattr(self.kernel, "__name__", type(self.kernel).__name__)
+        return f"Plan({name}, grid={self.grid}, scalars={self.scalars}, meta={self.meta})"
+
+
+def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...],
+            build: Callable[[], Plan | None]) -> Plan | None:
+    """The plan ``build()`` returns for these ``params`` and ``inputs``, kept by their metadata.
+
+    ``build`` is the wrapper's full path: it checks the inputs (raising its
+    clear errors), and returns the plan, or None where there is nothing to
+    launch (an empty tensor).  ``inputs`` are every tensor argument the
+    wrapper reads (None for an absent optional one); ``params`` every other
+    value the plan depends on.  Anything that is not a tensor among
+    ``inputs`` skips the cache, so ``build`` raises its error.
     """
     if not _enabled():
-        kernel[grid](*args, **meta)
-        return
-    key = (
-        kernel, grid, torch.cuda.current_device(), tuple(meta.items()),
-        tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else (type(a), a) for a in args),
-    )
-    runner = _CACHE.get(key)
-    if runner is not None:
-        runner[0](*args, *runner[1])
-        return
-    compiled = kernel[grid](*args, **meta)
-    runner = _runner(kernel, grid, compiled, len(args), meta)
-    if runner is not None:
-        if len(_CACHE) >= MAX_ENTRIES:
-            _CACHE.clear()
-        _CACHE[key] = runner
+        return build()
+    try:
+        key = (params, torch.cuda.current_device(), tuple(
+            None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+            for t in inputs))
+    except (AttributeError, TypeError):  # not a tensor: let build() say what is wrong
+        return build()
+    try:
+        return _PLANS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable parameter: build() says whether it is acceptable
+        return build()
+    plan = build()
+    if len(_PLANS) >= MAX_ENTRIES:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
 
 
-def _runner(kernel: Any, grid: tuple[int, ...], compiled: Any, n_args: int,
-            meta: dict[str, Any]) -> tuple[Any, tuple[Any, ...]] | None:
-    """``(compiled[grid3], constexpr values in signature order)``, or None where that cannot be built."""
-    names = getattr(kernel, "arg_names", None)
+def _runner(plan: Plan, compiled: Any, n_tensors: int) -> tuple[Any, tuple[Any, ...]] | None:
+    """``(compiled[grid3], scalars + constexpr values in signature order)``, or None where that cannot be built."""
+    names = getattr(plan.kernel, "arg_names", None)
     if compiled is None or names is None or not hasattr(compiled, "__getitem__"):
         return None
-    rest = names[n_args:]
-    if any(name not in meta for name in rest):  # a defaulted argument: leave it to Triton's binder
+    rest = names[n_tensors + len(plan.scalars):]
+    if any(name not in plan.meta for name in rest):  # a defaulted argument: leave it to Triton's binder
         return None
-    grid3 = tuple(grid) + (1,) * (3 - len(grid))
+    grid3 = tuple(plan.grid) + (1,) * (3 - len(plan.grid))
     try:
-        return compiled[grid3], tuple(meta[name] for name in rest)
+        return compiled[grid3], (*plan.scalars, *(plan.meta[name] for name in rest))
     except Exception:  # an older CompiledKernel: keep the normal path
         return None

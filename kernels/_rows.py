@@ -158,6 +158,8 @@ WIDE_WHOLE_ROW_WARPS = 32  # whole rows past MAX_FUSED_BYTES (RowTuning.fused_sc
 # Triton's CPU interpreter pays per program, not per element: there, one
 # program takes as many rows as fit in this many elements.
 INTERPRETER_TILE = 1 << 20
+# See RowTuning.uneven_block.
+UNEVEN_MIN = 8192
 
 
 class RowTuning(NamedTuple):
@@ -179,6 +181,15 @@ class RowTuning(NamedTuple):
     # whole rows in 32 warps beat it: add_rms_norm 1034 vs 1099 µs,
     # add_layer_norm 1122 vs 1208 µs (plain rms_norm: 590 vs 526, so it loops).
     fused_scale: int = 1
+    # Half-precision rows wider than UNEVEN_MIN elements and not a power of two
+    # would pad to the next power of two in registers; with uneven_block > 0
+    # they take the looped kernel in blocks of uneven_block, uneven_warps warps.
+    # H200, bf16, 16384 rows (reports/h200/row-configs-loop.txt): rms_norm
+    # N=11008 184 µs looped (4096, 8 warps) vs 219 whole, N=14336 237 vs 247;
+    # softmax (4096, 4 warps) 204 vs 286 and 272 vs 305.  The layer_norms and
+    # add_rms_norm were fastest whole at every width measured, so they keep 0.
+    uneven_block: int = 0
+    uneven_warps: int = 0
 
 
 def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> tuple[int, int, int, bool]:
@@ -186,8 +197,9 @@ def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) ->
 
     Shared by the norm and softmax kernels: whole rows in registers up to
     ``MAX_FUSED_BYTES`` (several short rows a program), else ``wide``: loop
-    over column blocks.  Module constants are read at call time, so a test
-    can lower ``MAX_FUSED_BYTES`` to reach the looped path with small rows.
+    over column blocks (also for uneven rows, see ``RowTuning.uneven_block``).
+    Module constants are read at call time, so a test can lower
+    ``MAX_FUSED_BYTES`` to reach the looped path with small rows.
     """
     return _row_block_config(rows, n, element_size, tuning, MAX_FUSED_BYTES, interpreting())
 
@@ -200,6 +212,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     wide = block_n > cap * tuning.fused_scale
     if wide:  # loop over the row in blocks of half the (unscaled) cap
         return 1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True
+    if tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
+        return 1, tuning.uneven_block, tuning.uneven_warps, True
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)
     block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two

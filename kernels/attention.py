@@ -402,6 +402,7 @@ _DECODE_CONFIGS = [
 # Key tiles of every decode config divide this, so split chunks align to tiles.
 _SPLIT_ALIGN = 128
 _SPLIT_MIN_KEYS = 256  # fewer keys per chunk are not worth a partial result
+DECODE_PROGRAMS_PER_SM = 1  # see _num_splits
 _SMEM_BUDGET = 227 * 1024  # shared memory per block on Hopper
 
 
@@ -455,7 +456,7 @@ _attention_decode = triton.autotune(
 # Interpreter: one small config, so that CPU runs stay quick.
 _INTERP_BLOCK_M = 16
 _INTERP_BLOCK_N = 16
-_INTERP_NUM_SMS = 4  # pretend SM count, so that small tests exercise split-K
+_INTERP_NUM_SMS = 8  # pretend SM count, so that small tests (B * Hkv < 8) exercise split-K
 
 
 # ----------------------------------------------------------------------------
@@ -514,11 +515,16 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def _num_splits(
     programs: int, keys: int, device: torch.device, align: int, min_chunk: int
 ) -> tuple[int, int]:
-    """Chunks to split ``keys`` into so that ~2 programs run per SM: ``(n, chunk)``.
+    """Chunks to split ``keys`` into so that about one program runs per SM: ``(n, chunk)``.
 
     Chunks are multiples of ``align`` keys and at least ``min_chunk`` long.
+    One program per SM (``DECODE_PROGRAMS_PER_SM``) beat two and more on the
+    H200 wherever the kernel, not the host, set the time
+    (``reports/h200/attention-decode-splits.txt``, bf16, GQA 32/8, D=128):
+    B=8 Sk=32768 261 µs vs 269 with two, B=8 Sk=16384 141 vs 145, B=32
+    Sk=4096 (no split) 136 vs 143.
     """
-    n = min(triton.cdiv(2 * _num_sms(device), programs), triton.cdiv(keys, min_chunk))
+    n = min(triton.cdiv(DECODE_PROGRAMS_PER_SM * _num_sms(device), programs), triton.cdiv(keys, min_chunk))
     if n <= 1:
         return 1, keys
     chunk = triton.cdiv(triton.cdiv(keys, n), align) * align

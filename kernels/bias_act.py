@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._activations import GELU, SILU, apply_activation, gelu_code
-from ._launch import launch
+from ._launch import Plan, planned
 from ._rows import check_tensors, next_pow2, row_layout, row_offsets
 
 # About 4K elements a program: enough bytes in flight per SM on a GPU, and
@@ -65,6 +65,17 @@ def bias_act_kernel(
 def _bias_act(
     op: str, x: torch.Tensor, residual: torch.Tensor | None, bias: torch.Tensor, activation: int
 ) -> torch.Tensor:
+    """Plan (once per input layout, see ``_launch.py``), allocate and launch."""
+    plan = planned((op, activation), (x, residual, bias), lambda: _plan(op, x, residual, bias, activation))
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if plan is not None:
+        plan(x, x if residual is None else residual, bias, y)  # R is never read without a residual
+    return y
+
+
+def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, bias: torch.Tensor,
+          activation: int) -> Plan | None:
+    """Check the inputs and choose the grid and tile; None when there is nothing to launch."""
     tensors = {"x": x, "bias": bias} if residual is None else {"x": x, "residual": residual, "bias": bias}
     check_tensors(op, **tensors)
     if x.dim() == 0:
@@ -72,27 +83,21 @@ def _bias_act(
     n = x.shape[-1]
     if bias.dim() != 1 or bias.shape[0] != n:
         raise ValueError(f"{op}: bias must be 1-D of the hidden size {n}, got {tuple(bias.shape)}")
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if y.numel() == 0:
-        return y
-    rowed = (x, y) if residual is None else (x, residual, y)
-    layout = row_layout(x.shape, *rowed)
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"{op}: residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}")
+    if x.numel() == 0:
+        return None
+    layout = row_layout(x.shape, *((x,) if residual is None else (x, residual)))
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else sx
     block_n = min(next_pow2(n), MAX_BLOCK_N)
     block_m = min(next_pow2(layout.rows), max(1, TILE_ELEMENTS // block_n))
     grid = (triton.cdiv(layout.rows, block_m), triton.cdiv(n, block_n))
-    launch(
-        bias_act_kernel, grid, x, residual if residual is not None else x, bias, y,
-        layout.rows, n, layout.dims[1], layout.dims[2],
-        *sx, *sr, bias.stride(0),
-        ACTIVATION=activation,
-        HAS_RESIDUAL=residual is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+    return Plan(
+        bias_act_kernel, grid, layout.rows, n, layout.dims[1], layout.dims[2], *sx, *sr, bias.stride(0),
+        ACTIVATION=activation, HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
         num_warps=8 if block_m * block_n >= 4096 else 4,
     )
-    return y
 
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._activations import SILU, apply_activation, gelu_code
-from ._launch import launch
+from ._launch import Plan, planned
 from ._rows import check_tensors, next_pow2, row_layout, row_offsets
 
 TILE_ELEMENTS = 4096
@@ -52,29 +52,32 @@ def gated_kernel(
 
 
 def _gated(op: str, gate: torch.Tensor, up: torch.Tensor, activation: int) -> torch.Tensor:
+    """Plan (once per input layout, see ``_launch.py``), allocate and launch."""
+    plan = planned((op, activation), (gate, up), lambda: _plan(op, gate, up, activation))
+    y = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    if plan is not None:
+        plan(gate, up, y)
+    return y
+
+
+def _plan(op: str, gate: torch.Tensor, up: torch.Tensor, activation: int) -> Plan | None:
+    """Check the inputs and choose the grid and tile; None when there is nothing to launch."""
     check_tensors(op, gate=gate, up=up)
     if gate.dim() == 0 or gate.shape != up.shape:
         raise ValueError(
             f"{op}: gate and up must have one shape (..., N); got {tuple(gate.shape)} and {tuple(up.shape)}"
         )
     n = gate.shape[-1]
-    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    if y.numel() == 0:
-        return y
-    layout = row_layout(gate.shape, gate, up, y)
+    if gate.numel() == 0:
+        return None
+    layout = row_layout(gate.shape, gate, up)
     block_n = min(next_pow2(n), MAX_BLOCK_N)
     block_m = min(next_pow2(layout.rows), max(1, TILE_ELEMENTS // block_n))
     grid = (triton.cdiv(layout.rows, block_m), triton.cdiv(n, block_n))
-    launch(
-        gated_kernel, grid, gate, up, y,
-        layout.rows, n, layout.dims[1], layout.dims[2],
-        *layout.strides[0], *layout.strides[1],
-        ACTIVATION=activation,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=8 if block_m * block_n >= 4096 else 4,
+    return Plan(
+        gated_kernel, grid, layout.rows, n, layout.dims[1], layout.dims[2], *layout.strides[0], *layout.strides[1],
+        ACTIVATION=activation, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if block_m * block_n >= 4096 else 4,
     )
-    return y
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -2,8 +2,8 @@
 
 The maths, per row ``x`` of ``N`` elements (the last dim)::
 
-    mean = x0 + sum(x - x0) / N        # about the row's first element x0, so a
-                                       # constant row has mean == its value
+    d    = x - x0                      # about the row's first element x0, so a
+    mean = x0 + sum(d) / N             # constant row has mean == its value
     var  = sum((x - mean)^2) / N       # two-pass: never E[x^2] - E[x]^2, which
                                        # cancels on near-constant rows
     rstd = 1 / sqrt(var + eps)         # eps keeps constant rows finite
@@ -21,7 +21,21 @@ Two kernels share the work:
 
 * :func:`layer_norm_kernel` keeps whole rows in registers, so the second pass
   over ``x - mean`` costs no memory traffic: one read of each input, one
-  write of each output.  Short rows go ``BLOCK_M`` to a program.
+  write of each output.  Short rows go ``BLOCK_M`` to a program.  Each
+  reduction is a round trip through shared memory and a barrier, and on the
+  H200 the second one was what stood between layer_norm and rms_norm's
+  bandwidth, so half-precision rows (one a program) first try one pass::
+
+      var1 = sum(d^2) / N - (sum(d) / N)^2        # both sums in one reduction
+
+  Its rounding error grows with ``(mean - x0)^2 / var``: once that passes
+  ``ONE_PASS_RATIO`` (x0 more than 4 standard deviations from the mean)
+  the row takes the exact second reduction after all.  Below it the
+  relative error of ``var1`` stays under ``3 * 17 * log2(N)`` float32
+  epsilons (9e-5 at N = 16384), under a tenth of a float16 ulp in ``y``;
+  float32 rows, whose outputs would see it, always take two passes.
+  (``properties/test_layer_norm_one_pass.py`` builds rows on both sides of
+  the switch; without it, a far-out x0 fails the tolerance policy.)
 * :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
   (twice that with a residual, see ``ADD_TUNING``).
   Pass 1 loops over column blocks; each block's mean and sum of squared
@@ -45,14 +59,24 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import launch
+from . import _rows
+from ._launch import Plan, planned
 from ._rows import RowTuning, check_row_shapes, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
 
-# Two reductions per row (and Chan merges per block in the looped kernel):
+# Two reductions per row (one for most half-precision rows; Chan merges per block in the looped kernel):
 # at most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8)
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
 ADD_TUNING = TUNING._replace(fused_scale=2)
+
+
+# One pass while (mean - x0)^2 <= ONE_PASS_RATIO * var, i.e. x0 within 4 std of the mean.
+ONE_PASS_RATIO = tl.constexpr(16.0)
+
+
+@triton.jit
+def _add_pair(a1, a2, b1, b2):
+    return a1 + b1, a2 + b2
 
 
 @triton.jit
@@ -68,6 +92,7 @@ def layer_norm_kernel(
     BLOCK_N: tl.constexpr,
 ):
     # A tile of BLOCK_M whole rows: BLOCK_N >= N.
+    ONE_PASS: tl.constexpr = BLOCK_M == 1 and X.dtype.element_ty != tl.float32
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -87,14 +112,25 @@ def layer_norm_kernel(
         r0 = tl.load(R + r_row, mask=row_mask, other=0.0).to(tl.float32)
         x0 = to_dtype(x0 + r0, H.dtype.element_ty).to(tl.float32)  # h's first element, rounded alike
 
-    # Statistics on the row in registers, two reductions.  The mean is taken
-    # about the row's first element x0 (mean = x0 + sum(x - x0) / N): the
-    # shifted terms are small on near-constant rows, and a constant row gets
-    # exactly its value as mean, zero deviations, y = b.  Masked lanes must
-    # not count, so their deviations are zeroed.
-    mean = x0 + tl.math.div_rn(tl.sum(tl.where(mask, x - x0[:, None], 0.0), axis=1), N * 1.0)
-    xc = tl.where(mask, x - mean[:, None], 0.0)
-    var = tl.math.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
+    # Statistics on the row in registers.  The mean is taken about the row's
+    # first element x0 (mean = x0 + sum(d) / N, d = x - x0): the shifted
+    # terms are small on near-constant rows, and a constant row gets exactly
+    # its value as mean, zero deviations, y = b.  Masked lanes must not
+    # count, so their deviations are zeroed.
+    d = tl.where(mask, x - x0[:, None], 0.0)
+    if ONE_PASS:  # sum(d) and sum(d^2) in one reduction (see the module docstring)
+        s1, s2 = tl.reduce((d, d * d), 1, _add_pair)
+        shift = tl.math.div_rn(s1, N * 1.0)  # mean - x0
+        var = tl.maximum(tl.math.div_rn(s2, N * 1.0) - shift * shift, 0.0)
+        mean = x0 + shift
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        # One row a program (BLOCK_M == 1): this max is over one value, no exchange.
+        if tl.max((shift * shift > ONE_PASS_RATIO * var).to(tl.int32), axis=0) > 0:
+            var = tl.math.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
+    else:
+        mean = x0 + tl.math.div_rn(tl.sum(d, axis=1), N * 1.0)
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        var = tl.math.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
 
     w = tl.load(W + cols * swn, mask=col_mask, other=0.0).to(tl.float32)
@@ -191,42 +227,39 @@ def _layer_norm(
     bias: torch.Tensor,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Check, lay out and launch; returns ``(y, h)`` (``h`` is None without a residual)."""
+    """Plan (once per input layout, see ``_launch.py``), allocate and launch; returns ``(y, h)``."""
+    tuning = TUNING if residual is None else ADD_TUNING
+    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES), (x, residual, weight, bias),
+                   lambda: _plan(op, x, residual, weight, bias, eps, tuning))
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    h = None if residual is None else torch.empty_like(y)
+    if plan is not None:
+        # Without a residual, R is never read and H never written: x and y stand in.
+        plan(x, x if residual is None else residual, weight, bias, y, y if h is None else h)
+    return y, h
+
+
+def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
+          eps: float, tuning: RowTuning) -> Plan | None:
+    """Check the inputs and choose the kernel, grid and tile; None when there is nothing to launch."""
     if residual is None:
         check_tensors(op, x=x, weight=weight, bias=bias)
     else:
         check_tensors(op, x=x, residual=residual, weight=weight, bias=bias)
     n = check_row_shapes(op, x, residual, weight=weight, bias=bias)
-
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    h = None if residual is None else torch.empty_like(y)
-    if y.numel() == 0:
-        return y, h
-    inputs = (x,) if residual is None else (x, residual)
-    layout = row_layout(x.shape, *inputs)
+    if x.numel() == 0:
+        return None
+    layout = row_layout(x.shape, *((x,) if residual is None else (x, residual)))
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(),
-                                                        TUNING if residual is None else ADD_TUNING)
-    r_arg = x if residual is None else residual  # never read without a residual
-    h_arg = y if h is None else h  # never written without a residual
+    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), tuning)
+    vectors = (weight.stride(0), bias.stride(0), float(eps))
     if wide:
-        launch(
-            layer_norm_wide_kernel, (layout.rows,),
-            x, r_arg, weight, bias, y, h_arg, n, d1, d2, *sx, *sr,
-            weight.stride(0), bias.stride(0), float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=num_warps,
-        )
-    else:
-        launch(
-            layer_norm_kernel, (triton.cdiv(layout.rows, block_m),),
-            x, r_arg, weight, bias, y, h_arg, layout.rows, n, d1, d2, *sx, *sr,
-            weight.stride(0), bias.stride(0), float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=num_warps,
-        )
-    return y, h
+        return Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
+                    HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=num_warps)
+    return Plan(layer_norm_kernel, (triton.cdiv(layout.rows, block_m),), layout.rows, n, d1, d2, *sx, *sr, *vectors,
+                HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
 
 
 def layer_norm(

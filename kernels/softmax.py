@@ -42,12 +42,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import launch
+from . import _rows
+from ._launch import Plan, planned
 from ._rows import RowTuning, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
 
 # Two reductions and an exp per element: more threads per row than the norms
 # (H200, bf16, 16384 rows: N=14336 in 304 µs with 32 warps, 329 with 16, 433 with 8).
-TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8)
+TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4)
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LOG2E_LO is
 # what that rounding drops.
@@ -168,29 +169,30 @@ def softmax_wide_kernel(
 
 def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``torch.softmax(x * scale, dim=-1)`` in one launch; ``x`` is ``(..., N)``, any strides."""
+    plan = planned(("softmax", scale, TUNING, _rows.MAX_FUSED_BYTES), (x,), lambda: _plan(x, scale))
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if plan is not None:
+        plan(x, y)
+    return y
+
+
+def _plan(x: torch.Tensor, scale: float) -> Plan | None:
+    """Check ``x`` and choose the kernel, grid and tile; None when there is nothing to launch."""
     check_tensors("softmax", x=x)
     if x.dim() == 0:
         raise ValueError("softmax: x must have at least one dim (the hidden dim), got a scalar")
     n = x.shape[-1]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if y.numel() == 0:
-        return y
+    if x.numel() == 0:
+        return None
     layout = row_layout(x.shape, x)
     _, d1, d2 = layout.dims
     block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), TUNING)
     precise = x.dtype == torch.float32
     if wide:
-        launch(
-            softmax_wide_kernel, (layout.rows,), x, y, n, d1, d2, *layout.strides[0], float(scale),
-            PRECISE=precise, BLOCK_N=block_n, num_warps=num_warps,
-        )
-    else:
-        launch(
-            softmax_kernel, (triton.cdiv(layout.rows, block_m),), x, y, layout.rows, n, d1, d2, *layout.strides[0],
-            float(scale),
-            PRECISE=precise, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
-        )
-    return y
+        return Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
+                    PRECISE=precise, BLOCK_N=block_n, num_warps=num_warps)
+    return Plan(softmax_kernel, (triton.cdiv(layout.rows, block_m),), layout.rows, n, d1, d2, *layout.strides[0],
+                float(scale), PRECISE=precise, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
 
 
 __all__ = ["softmax", "softmax_kernel", "softmax_wide_kernel"]

@@ -1,4 +1,4 @@
-"""The cached launcher of ``kernels/_launch.py``: same results as Triton's own path, never under the interpreter."""
+"""The plans of ``kernels/_launch.py``: same results as Triton's own path, never kept under the interpreter."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_interpreter_takes_tritons_path(fuseaudit_device: str) -> None:
     _launch.clear_cache()
     x, _, w = _inputs("cpu", 40)
     rms_norm(x, w)
-    assert not _launch._CACHE, "no compiled kernel exists under the interpreter: nothing may be cached"
+    assert not _launch._PLANS, "no compiled kernel exists under the interpreter: no plan may be kept"
 
 
 @pytest.mark.fuseaudit_gpu
@@ -39,4 +39,40 @@ def test_cached_launches_equal_tritons_own(fuseaudit_device: str, monkeypatch: p
         monkeypatch.delenv("FUSEAUDIT_FAST_LAUNCH")
         for a, b in zip(cached, plain):
             assert torch.equal(a, b), f"offset={offset}: the cached launch differs from Triton's own"
-    assert len(_launch._CACHE) >= 4, "aligned and misaligned x must be cached apart, per kernel"
+    assert len(_launch._PLANS) >= 4, "aligned and misaligned x must be cached apart, per kernel"
+
+
+def test_plans_are_kept_by_the_inputs_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a kept plan may be reused for: same params and same shape/strides/dtype/device/alignment only."""
+    monkeypatch.setattr(_launch, "_enabled", lambda: True)  # as on a GPU, without one
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    _launch.clear_cache()
+    built: list[str] = []
+
+    def plan_for(label: str, params: tuple, *inputs) -> object:
+        def build() -> object:
+            built.append(label)
+            return _launch.Plan(None, (1,), label)
+        return _launch.planned(params, inputs, build)
+
+    x = torch.zeros(4, 64)
+    first = plan_for("x", ("op", 1e-6), x, None)
+    assert plan_for("same metadata, new data", ("op", 1e-6), torch.ones(4, 64), None) is first
+    plan_for("another eps", ("op", 1e-5), x, None)
+    plan_for("transposed", ("op", 1e-6), torch.zeros(64, 4).t(), None)
+    plan_for("bfloat16", ("op", 1e-6), x.bfloat16(), None)
+    plan_for("misaligned", ("op", 1e-6), torch.zeros(4 * 64 + 1)[1:].view(4, 64), None)
+    plan_for("with a residual", ("op", 1e-6), x, x)
+    assert built == ["x", "another eps", "transposed", "bfloat16", "misaligned", "with a residual"]
+
+    built.clear()
+    for _ in range(2):  # not a tensor: no key, so build() runs (and raises its own error) every time
+        plan_for("a list", ("op", 1e-6), [1.0, 2.0], None)
+    assert built == ["a list", "a list"]
+
+    def failing() -> object:
+        raise ValueError("bad input")
+    with pytest.raises(ValueError, match="bad input"):
+        _launch.planned(("op", 0.5), (x,), failing)
+    assert not any(key[0] == ("op", 0.5) for key in _launch._PLANS), "a failed build must not be kept"
+    _launch.clear_cache()

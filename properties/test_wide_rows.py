@@ -33,3 +33,20 @@ def test_wide_path(spec, data, fuseaudit_device):
         assert wide, "the lowered cap should select the looped path"
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("spec", [OPS["rms_norm"], OPS["softmax"]], ids=["rms_norm", "softmax"])
+@pytest.mark.parametrize("n", [11008, 14336])
+def test_uneven_rows_loop(spec, n, fuseaudit_device):
+    """Half-precision rows wider than 8192 and not a power of two take the looped kernel (RowTuning.uneven_block)."""
+    from fuseaudit.kernels import _rows, rms_norm, softmax
+
+    from fuseaudit.case import Case
+
+    tuning = {"rms_norm": rms_norm.TUNING, "softmax": softmax.TUNING}[spec.name]
+    assert _rows.row_block_config(3, n, 2, tuning)[1:] == (tuning.uneven_block, tuning.uneven_warps, True)
+    for dtype in ("bfloat16", "float16"):
+        case = Case(op=spec.name, dtype=dtype, dims={"lead": (3,), "N": n},
+                    layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=n)
+        run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                 target=spec.reference).raise_for_failures()

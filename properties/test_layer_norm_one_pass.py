@@ -1,0 +1,78 @@
+"""layer_norm's one-pass statistics, on rows built to make one pass cancel.
+
+Half-precision rows that a program takes alone get ``var = E[d^2] - E[d]^2``
+with ``d = x - x0`` (one reduction), unless ``x0`` sits more than 4 standard
+deviations from the mean, where that cancels and the kernel takes the exact
+second reduction (see ``kernels/layer_norm.py``).  These rows sit on both
+sides of that switch and far past it; each must meet the tolerance policy,
+and a constant row must give exactly the bias.  On a GPU, rows this wide are
+one a program anyway; under the interpreter the tile is lowered to one row.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from fuseaudit.catalog import OPS
+from fuseaudit.tolerance import compare
+
+WIDTHS = (2048, 5000)
+
+
+def _test_rows(n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Float64 rows of ``n`` elements, by what they do to one-pass statistics."""
+    z = torch.randn(n, generator=gen, dtype=torch.float64)
+    z = (z - z.mean()) / z.std(unbiased=False)  # mean 0, std 1 exactly (before rounding)
+
+    def x0_at(k: float) -> torch.Tensor:  # x0 k standard deviations of the *other* elements from their mean
+        row = z.clone()
+        row[0] = k
+        return row
+
+    return {
+        "normal": z,
+        "x0 3.5 std out (one pass)": x0_at(3.5),
+        "x0 4.5 std out (two passes)": x0_at(4.5),
+        "x0 far out": x0_at(1000.0),
+        "offset 100": 100.0 + z,
+        "near constant": 1000.0 + 0.25 * torch.randint(0, 4, (n,), generator=gen).to(torch.float64),
+        "constant": torch.full((n,), 3.0, dtype=torch.float64),
+    }
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
+def test_one_pass_rows_meet_the_policy(op: str, dtype: torch.dtype, n: int, fuseaudit_device: str) -> None:
+    from fuseaudit.kernels import _rows, layer_norm
+
+    spec = OPS[op]
+    gen = torch.Generator().manual_seed(n)
+    rows = _test_rows(n, gen)
+    x = torch.stack(list(rows.values())).to(fuseaudit_device, dtype)
+    inputs = {"x": x}
+    if op == "add_layer_norm":  # h = x + residual: small, so h keeps each row's character
+        residual = 0.01 * torch.randn(x.shape, generator=gen, dtype=torch.float64)
+        inputs["residual"] = residual.to(fuseaudit_device, dtype)
+    inputs["weight"] = (1 + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(fuseaudit_device, dtype)
+    inputs["bias"] = (0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(fuseaudit_device, dtype)
+    params = {"eps": 1e-5}
+
+    tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
+    with mock.patch.object(_rows, "INTERPRETER_TILE", 1):
+        assert _rows.row_block_config(x.shape[0], n, x.element_size(), tuning)[0] == 1, "one row a program"
+        got = getattr(layer_norm, op)(**inputs, **params)
+    y = got if op == "layer_norm" else got[0]
+
+    eager = spec.run_eager(inputs, params)[0]
+    oracle = spec.run_oracle(inputs, params)[0]
+    cmp = compare("y", y, eager, oracle, dtype=dtype, fallback_ulps=spec.fallback_ulps,
+                  float32_scale=spec.float32_scale(inputs, params, oracle))
+    names = list(rows)
+    assert cmp.passed, f"{op} {dtype} N={n}: {cmp.reason} (rows: {names})"
+    if op == "layer_norm":
+        constant = names.index("constant")
+        assert torch.equal(y[constant], inputs["bias"]), "a constant row must normalise to exactly the bias"
