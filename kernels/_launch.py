@@ -27,10 +27,11 @@ so a plan that has launched once calls its compiled kernel directly (its
 counting is unchanged).  A new key takes the wrapper's full path (checks
 included) and Triton's normal launch, and keeps what they return.
 
-Plans are never kept under Triton's interpreter, on a Triton without
-``CompiledKernel.__getitem__``, or with ``FUSEAUDIT_FAST_LAUNCH=0`` (to rule
-this cache out when a result looks wrong): every call then checks, plans and
-launches through ``kernel[grid]``.
+Plans are never kept under Triton's interpreter or with
+``FUSEAUDIT_FAST_LAUNCH=0`` (to rule this cache out when a result looks
+wrong): every call then checks, plans and launches through ``kernel[grid]``.
+On a Triton without ``CompiledKernel.__getitem__`` plans are kept but each
+launch goes through ``kernel[grid]``.
 """
 
 from __future__ import annotations
@@ -76,16 +77,18 @@ class Plan:
         self.grid = grid
         self.scalars = scalars
         self.meta = meta
-        self._fast: tuple[Any, tuple[Any, ...]] | None = None
+        # The compiled kernel's runner and its trailing arguments once launched;
+        # False where none can be built (then every launch takes kernel[grid]).
+        self._fast: tuple[Any, tuple[Any, ...]] | bool | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         fast = self._fast
-        if fast is not None:
+        if fast:
             fast[0](*tensors, *fast[1])
             return
         compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.meta)
-        if _enabled():
-            self._fast = _runner(self, compiled, len(tensors))
+        if fast is None and _enabled():
+            self._fast = _runner(self, compiled, len(tensors)) or False
 
     def __repr__(self) -> str:
         name = getattr(self.kernel, "__name__", type(self.kernel).__name__)
