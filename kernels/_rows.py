@@ -16,12 +16,15 @@ element offsets::
     offset =  i0*S0 + i1*S1 + i2*S2
 
 Triton specialises integer arguments equal to 1, so a contiguous last dim
-(column stride 1) still gets vectorised loads.
+(column stride 1) still gets vectorised loads, and on divisibility by 16;
+rows whose strides are multiples of 8 or 4 only (a width of 3000) are told
+so through ``ALIGN`` (:func:`row_alignment`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import NamedTuple
 
@@ -134,12 +137,73 @@ def _fold(shape: tuple[int, ...], tensor_strides: tuple[tuple[int, ...], ...]) -
 
 
 @triton.jit
-def row_offsets(rows, D1, D2, S0, S1, S2):
-    """Element offset of the first element of each row in ``rows`` (int64)."""
+def row_offsets(rows, D1, D2, S0, S1, S2, ALIGN: tl.constexpr):
+    """Element offset of the first element of each row in ``rows`` (int64), a multiple of ``ALIGN``.
+
+    ``ALIGN`` is what the host knows divides every offset (see
+    :func:`row_alignment`); told to the compiler, it keeps 16-byte vector
+    loads that Triton's own specialisation would miss.  The looped kernels
+    and the bias/gated kernels pass 1 (no claim).
+    """
     rows = rows.to(tl.int64)
     i2 = rows % D2
     rest = rows // D2
-    return (rest // D1) * S0 + (rest % D1) * S1 + i2 * S2
+    offsets = (rest // D1) * S0 + (rest % D1) * S1 + i2 * S2
+    if ALIGN > 1:
+        offsets = tl.multiple_of(offsets, ALIGN)
+    return offsets
+
+
+@triton.jit
+def out_row_offsets(rows, N, ALIGN: tl.constexpr):
+    """Offset of each row in a contiguous ``(rows, N)`` output (int64), a multiple of ``ALIGN``."""
+    offsets = rows.to(tl.int64) * N
+    if ALIGN > 1:
+        offsets = tl.multiple_of(offsets, ALIGN)
+    return offsets
+
+
+def row_alignment(n: int, layout: RowLayout) -> int:
+    """The largest power of two up to 16 dividing ``n`` and every row stride of every tensor.
+
+    Triton specialises an integer argument on being divisible by 16, so a
+    row stride of 3000 elements (6000 bytes in float16, itself a multiple of
+    16 bytes) reads as "not aligned" and every load of the row becomes a
+    scalar 2-byte load.  The whole-row kernels take this divisor as
+    ``ALIGN`` and pass it on to the compiler: ``tl.multiple_of`` on the row
+    offsets, and ``N = N // ALIGN * ALIGN`` (the same value) so that the
+    column masks are known to hold ALIGN lanes alike.  Checked in the PTX by
+    ``properties/test_compile_hopper.py`` (16-byte loads at N = 3000).
+    H200, fp16, 16384 rows, µs before -> after
+    (``reports/h200/bench-rows-split-final-fp16.txt`` -> ``bench-rows-align-fp16.txt``):
+    layer_norm N = 3000 110.2 -> 56.3, softmax 147.6 -> 61.4, rms_norm
+    N = 2500 78.9 -> 55.1; N = 7000 layer_norm 478 -> 127 (do_bench before,
+    ``row-split-widths.txt``).  The looped kernels and the bias/gated kernels
+    pass 1: not measured.
+    Strides of size-1 dims (any value, never multiplied by more than 0)
+    only make the divisor smaller; stride-0 dims do not change it.
+    """
+    g = n
+    for s0, s1, s2, _ in layout.strides:
+        g = math.gcd(g, s0, s1, s2)
+    return min(g & -g, 16) if g else 16
+
+
+@triton.jit
+def load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
+    """A ``rows x cols`` tile of ``x`` in float32 (``*_rows``: each row's offset, ``[BLOCK_M]``).
+
+    With a residual it returns ``h = x + residual`` instead, rounded to the
+    dtype of ``H`` as eager's ``x + residual`` is, after storing it to ``H``
+    (a contiguous output: row ``r`` starts at ``out_rows[r]``).
+    """
+    x = tl.load(X + x_rows[:, None] + cols[None, :].to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R + r_rows[:, None] + cols[None, :].to(tl.int64) * srn, mask=mask, other=0.0).to(tl.float32)
+        h = to_dtype(x + r, H.dtype.element_ty)
+        tl.store(H + out_rows[:, None] + cols[None, :], h, mask=mask)
+        x = h.to(tl.float32)  # what is normalised is the rounded h
+    return x
 
 
 # Widest row a program keeps whole in registers, in bytes of the input dtype:
@@ -160,6 +224,28 @@ WIDE_WHOLE_ROW_WARPS = 32  # whole rows past MAX_FUSED_BYTES (RowTuning.fused_sc
 INTERPRETER_TILE = 1 << 20
 # See RowTuning.uneven_block.
 UNEVEN_MIN = 8192
+# See TailSplit and _split_tail: rows whose power-of-two block is at most
+# TAIL_MAX_BLOCK elements may be split, when there are at least TAIL_MIN_ROWS
+# of them.  At decode sizes a split row's 4 warps
+# are too few (H200, bf16, rows=8, N=5120: rms_norm 7.7 µs split against 6.7
+# padded with 8 warps, softmax 7.5 against 6.7; bench-rows-bf16-session5.txt
+# and bench-rows-bf16.txt).
+TAIL_MAX_BLOCK = 8192
+TAIL_MIN_ROWS = 1024
+
+
+class TailSplit(NamedTuple):
+    """Which rows a kernel holds as a power-of-two block plus a tail block (see :func:`_split_tail`).
+
+    Rows of at least ``min_n`` elements of at most ``max_bytes`` bytes each,
+    when the tail is at most ``max_tail`` of the block (0.5: whenever the
+    split saves registers, e.g. 3000 = 2048 + 1024; 0.25: only when it saves
+    at least 3/8 of them, e.g. 5120 = 4096 + 1024).
+    """
+
+    max_bytes: int = 4
+    max_tail: float = 0.5
+    min_n: int = 2048
 
 
 class RowTuning(NamedTuple):
@@ -190,10 +276,31 @@ class RowTuning(NamedTuple):
     # add_rms_norm were fastest whole at every width measured, so they keep 0.
     uneven_block: int = 0
     uneven_warps: int = 0
+    # Rows that are not a power of two may be held whole as a power-of-two
+    # block plus a smaller tail block (see RowBlocks, TailSplit); None: never.
+    split_tail: TailSplit | None = None
 
 
-def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> tuple[int, int, int, bool]:
-    """``(BLOCK_M, BLOCK_N, num_warps, wide)`` for a row-wise kernel over ``rows`` rows of ``n`` elements.
+class RowBlocks(NamedTuple):
+    """How a row kernel is launched: ``BLOCK_M`` rows a program, ``BLOCK_N`` columns at a time.
+
+    ``wide``: the looped kernel (one row a program, ``BLOCK_N < N``).
+    Otherwise whole rows: ``BLOCK_N >= N``, or, with ``BLOCK_T > 0``, a
+    full block of ``BLOCK_N`` columns plus a tail block of ``BLOCK_T``
+    (``BLOCK_N < N <= BLOCK_N + BLOCK_T``).  A row of 5120 is then held as
+    4096 + 1024 registers' worth instead of padding to 8192: fewer registers
+    a row, more rows in flight on each SM.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    wide: bool
+    block_t: int = 0
+
+
+def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> RowBlocks:
+    """How to launch a row-wise kernel over ``rows`` rows of ``n`` elements (see :class:`RowBlocks`).
 
     Shared by the norm and softmax kernels: whole rows in registers up to
     ``MAX_FUSED_BYTES`` (several short rows a program), else ``wide``: loop
@@ -206,14 +313,23 @@ def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) ->
 
 @functools.lru_cache(maxsize=4096)
 def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, max_fused_bytes: int,
-                      interpreter: bool) -> tuple[int, int, int, bool]:
+                      interpreter: bool) -> RowBlocks:
     cap = max(max_fused_bytes // element_size, 1)
     block_n = next_pow2(n)
     wide = block_n > cap * tuning.fused_scale
+    if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
+        return RowBlocks(1, tuning.uneven_block, tuning.uneven_warps, True)
+    # A split may keep whole a row that "wide" would loop over.  It pays when
+    # many rows are in flight; a few rows want many threads each instead.
+    # (The interpreter splits whatever the rows, so CPU tests run the tails.)
+    split = _split_tail(n, element_size, tuning, cap) if rows >= TAIL_MIN_ROWS or interpreter else None
+    if split is not None:
+        if interpreter:  # several rows a program there too (the kernels take BLOCK_M rows)
+            per_program = max(INTERPRETER_TILE // (split.block_n + split.block_t), 1)
+            split = split._replace(block_m=min(next_pow2(rows), per_program))
+        return split
     if wide:  # loop over the row in blocks of half the (unscaled) cap
-        return 1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True
-    if tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
-        return 1, tuning.uneven_block, tuning.uneven_warps, True
+        return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True)
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)
     block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
@@ -222,7 +338,39 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     threads = block_m * block_n // tuning.elements_per_thread
     max_warps = tuning.max_warps if block_n * element_size <= max_fused_bytes else WIDE_WHOLE_ROW_WARPS
     num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), max_warps)
-    return block_m, block_n, num_warps, False
+    return RowBlocks(block_m, block_n, num_warps, False)
+
+
+def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBlocks | None:
+    """A whole row as a power-of-two block plus a tail block, or None where that does not apply.
+
+    ``N = 5120`` becomes 4096 + 1024 instead of 8192 (37% of the registers
+    idle), ``11008`` becomes 8192 + 4096.  Measured on the H200 (16384 rows,
+    µs, ``reports/h200/row-experiments-session5.txt``), padded whole row ->
+    split, 4 warps in half precision:
+    N = 5120 rms_norm 95.5 -> 89.5, layer_norm 120.0 -> 90.0, softmax
+    118.8 -> 105.6; N = 11008 layer_norm 238.0 -> 223.0; N = 2500 (fp16)
+    rms_norm 89.0 -> 80.0, layer_norm 141.6 -> 101.0; 8 warps in float32:
+    layer_norm 5120 214.0 -> 167.8, 11008 411 (looped) -> 348.  More warps
+    were slower in half precision (8 warps: layer_norm 5120 146.5, 11008
+    278.4), fewer in float32 (4 warps: 187.3, 425.9): ``2 * element_size``
+    warps.  Where a split did not pay, the ops' TailSplit rules leave it out:
+    rms_norm at N = 6000 (108.4 vs 103.3) and in float32 (N = 3000 142.0 vs
+    115.8), add_rms_norm (N = 3000 144.1 vs 127.3), softmax below 4096
+    (N = 2500 137.8 vs 119.6) or with a tail over a quarter (N = 6000 132.9
+    vs 127.9).  (The N = 2500 and 3000 comparisons predate ``ALIGN``: both
+    sides read those rows 2 bytes at a time then; see row_alignment.)  Rows
+    whose block exceeds TAIL_MAX_BLOCK elements or the cap keep the other
+    rules: nothing wider was measured.
+    """
+    rule = tuning.split_tail
+    if rule is None or element_size > rule.max_bytes or n <= max(rule.min_n, 1):
+        return None
+    full = next_pow2(n) // 2  # the largest power of two below n
+    tail = next_pow2(n - full)
+    if full > min(TAIL_MAX_BLOCK, cap) or tail > rule.max_tail * full:
+        return None
+    return RowBlocks(1, full, 2 * element_size, False, tail)
 
 
 # Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles

@@ -48,10 +48,10 @@ def bias_act_kernel(
     mask = (rows < M)[:, None] & (cols < N)[None, :]
 
     # h = x + r + b, in float32
-    x_offs = row_offsets(rows, D1, D2, sx0, sx1, sx2)[:, None] + cols[None, :] * sxn
+    x_offs = row_offsets(rows, D1, D2, sx0, sx1, sx2, 1)[:, None] + cols[None, :] * sxn
     h = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        r_offs = row_offsets(rows, D1, D2, sr0, sr1, sr2)[:, None] + cols[None, :] * srn
+        r_offs = row_offsets(rows, D1, D2, sr0, sr1, sr2, 1)[:, None] + cols[None, :] * srn
         h += tl.load(r_ptr + r_offs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols * sbn, mask=cols < N, other=0.0).to(tl.float32)
     h += b[None, :]

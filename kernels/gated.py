@@ -40,8 +40,8 @@ def gated_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
 
-    g_offs = row_offsets(rows, D1, D2, sg0, sg1, sg2)[:, None] + cols[None, :] * sgn
-    u_offs = row_offsets(rows, D1, D2, su0, su1, su2)[:, None] + cols[None, :] * sun
+    g_offs = row_offsets(rows, D1, D2, sg0, sg1, sg2, 1)[:, None] + cols[None, :] * sgn
+    u_offs = row_offsets(rows, D1, D2, su0, su1, su2, 1)[:, None] + cols[None, :] * sun
     g = tl.load(g_ptr + g_offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + u_offs, mask=mask, other=0.0).to(tl.float32)
 

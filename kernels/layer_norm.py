@@ -21,8 +21,9 @@ Two kernels share the work:
 
 * :func:`layer_norm_kernel` keeps whole rows in registers, so the second pass
   over ``x - mean`` costs no memory traffic: one read of each input, one
-  write of each output.  Short rows go ``BLOCK_M`` to a program.  Each
-  reduction is a round trip through shared memory and a barrier, and on the
+  write of each output.  Short rows go ``BLOCK_M`` to a program; a row
+  that is not a power of two may be a block plus a tail block
+  (``_rows.RowBlocks``).  Each reduction is a round trip through shared memory and a barrier, and on the
   H200 the second one was what stood between layer_norm and rms_norm's
   bandwidth, so half-precision rows (one a program) first try one pass::
 
@@ -61,11 +62,23 @@ import triton.language as tl
 
 from . import _rows
 from ._launch import Plan, planned
-from ._rows import RowTuning, check_row_shapes, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+from ._rows import (
+    RowTuning,
+    TailSplit,
+    check_row_shapes,
+    check_tensors,
+    load_rows,
+    out_row_offsets,
+    row_alignment,
+    row_block_config,
+    row_layout,
+    row_offsets,
+    to_dtype,
+)
 
-# Two reductions per row (one for most half-precision rows; Chan merges per block in the looped kernel):
+# Two reductions per row (one for most half-precision rows and in the looped kernel):
 # at most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
-TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8)
+TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail=TailSplit())
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
 ADD_TUNING = TUNING._replace(fused_scale=2)
 
@@ -80,6 +93,31 @@ def _add_pair(a1, a2, b1, b2):
 
 
 @triton.jit
+def _centred(x, xt, mask, t_mask, mean, TAIL: tl.constexpr):
+    """``x - mean`` for the block and the tail (the block's again without a tail), 0 on masked lanes."""
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    xct = tl.where(t_mask, xt - mean[:, None], 0.0) if TAIL else xc
+    return xc, xct
+
+
+@triton.jit
+def _sum_squares(xc, xct, TAIL: tl.constexpr):
+    s2 = tl.sum(xc * xc, axis=1)
+    if TAIL:
+        s2 += tl.sum(xct * xct, axis=1)
+    return s2
+
+
+@triton.jit
+def _store_y(W, B, Y, out_rows, cols, mask, xc, rstd, N, swn, sbn):
+    """``y = (x - mean) * rstd * w + b`` for a tile of rows x cols, rounded once, at the store."""
+    w = tl.load(W + cols * swn, mask=cols < N, other=0.0).to(tl.float32)
+    b = tl.load(B + cols * sbn, mask=cols < N, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(Y + out_rows[:, None] + cols[None, :], to_dtype(y, Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def layer_norm_kernel(
     X, R, W, B, Y, H,  # input, residual, weight, bias, output y, output h
     n_rows, N, D1, D2,  # rows, hidden size, folded leading dims (see _rows.py)
@@ -90,53 +128,70 @@ def layer_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    ALIGN: tl.constexpr,  # divides every row offset (see _rows.row_alignment)
 ):
-    # A tile of BLOCK_M whole rows: BLOCK_N >= N.
+    # A tile of BLOCK_M whole rows: BLOCK_N >= N, or BLOCK_N columns and a
+    # tail block of BLOCK_T (see _rows.RowBlocks).  The tail, when there is
+    # one, follows every step the block takes; each sum adds both.
     ONE_PASS: tl.constexpr = BLOCK_M == 1 and X.dtype.element_ty != tl.float32
+    TAIL: tl.constexpr = BLOCK_T > 0
+    if ALIGN > 1:  # ALIGN divides N: the compiler sees it (masks stay vector-wide)
+        N = N // ALIGN * ALIGN
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]
-
     row_mask = rows < n_rows
-    x_row = row_offsets(rows, D1, D2, sx0, sx1, sx2)
-    x = tl.load(X + x_row[:, None] + cols[None, :].to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
-    x0 = tl.load(X + x_row, mask=row_mask, other=0.0).to(tl.float32)  # each row's first element
-    out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    x_rows = row_offsets(rows, D1, D2, sx0, sx1, sx2, ALIGN)
+    r_rows = x_rows
     if HAS_RESIDUAL:
-        r_row = row_offsets(rows, D1, D2, sr0, sr1, sr2)
-        r = tl.load(R + r_row[:, None] + cols[None, :].to(tl.int64) * srn, mask=mask, other=0.0).to(tl.float32)
-        h = to_dtype(x + r, H.dtype.element_ty)  # round as eager's x + residual does
-        tl.store(H + out_off, h, mask=mask)
-        x = h.to(tl.float32)  # normalise the rounded h
-        r0 = tl.load(R + r_row, mask=row_mask, other=0.0).to(tl.float32)
+        r_rows = row_offsets(rows, D1, D2, sr0, sr1, sr2, ALIGN)
+    out_rows = out_row_offsets(rows, N, ALIGN)
+
+    cols = tl.arange(0, BLOCK_N)
+    mask = row_mask[:, None] & (cols < N)[None, :]
+    x = load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL)
+    x0 = tl.load(X + x_rows, mask=row_mask, other=0.0).to(tl.float32)  # each row's first element
+    if HAS_RESIDUAL:
+        r0 = tl.load(R + r_rows, mask=row_mask, other=0.0).to(tl.float32)
         x0 = to_dtype(x0 + r0, H.dtype.element_ty).to(tl.float32)  # h's first element, rounded alike
+    xt, t_cols, t_mask = x, cols, mask  # (stand in where there is no tail)
+    if TAIL:
+        t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
+        t_mask = row_mask[:, None] & (t_cols < N)[None, :]
+        xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
 
     # Statistics on the row in registers.  The mean is taken about the row's
     # first element x0 (mean = x0 + sum(d) / N, d = x - x0): the shifted
     # terms are small on near-constant rows, and a constant row gets exactly
     # its value as mean, zero deviations, y = b.  Masked lanes must not
     # count, so their deviations are zeroed.
+    # (Each tail term is formed after the block's reduction, not beside it:
+    # at N = 5120 that ordering kept layer_norm at 90 µs instead of 104.)
     d = tl.where(mask, x - x0[:, None], 0.0)
     if ONE_PASS:  # sum(d) and sum(d^2) in one reduction (see the module docstring)
         s1, s2 = tl.reduce((d, d * d), 1, _add_pair)
+        if TAIL:
+            dt = tl.where(t_mask, xt - x0[:, None], 0.0)
+            t1, t2 = tl.reduce((dt, dt * dt), 1, _add_pair)
+            s1, s2 = s1 + t1, s2 + t2
         shift = tl.math.div_rn(s1, N * 1.0)  # mean - x0
         var = tl.maximum(tl.math.div_rn(s2, N * 1.0) - shift * shift, 0.0)
         mean = x0 + shift
-        xc = tl.where(mask, x - mean[:, None], 0.0)
+        xc, xct = _centred(x, xt, mask, t_mask, mean, TAIL)
         # One row a program (BLOCK_M == 1): this max is over one value, no exchange.
         if tl.max((shift * shift > ONE_PASS_RATIO * var).to(tl.int32), axis=0) > 0:
-            var = tl.math.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
+            var = tl.math.div_rn(_sum_squares(xc, xct, TAIL), N * 1.0)
     else:
-        mean = x0 + tl.math.div_rn(tl.sum(d, axis=1), N * 1.0)
-        xc = tl.where(mask, x - mean[:, None], 0.0)
-        var = tl.math.div_rn(tl.sum(xc * xc, axis=1), N * 1.0)
+        s1 = tl.sum(d, axis=1)
+        if TAIL:
+            s1 += tl.sum(tl.where(t_mask, xt - x0[:, None], 0.0), axis=1)
+        mean = x0 + tl.math.div_rn(s1, N * 1.0)
+        xc, xct = _centred(x, xt, mask, t_mask, mean, TAIL)
+        var = tl.math.div_rn(_sum_squares(xc, xct, TAIL), N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
 
-    w = tl.load(W + cols * swn, mask=col_mask, other=0.0).to(tl.float32)
-    b = tl.load(B + cols * sbn, mask=col_mask, other=0.0).to(tl.float32)
-    y = xc * rstd[:, None] * w[None, :] + b[None, :]
-    tl.store(Y + out_off, to_dtype(y, Y.dtype.element_ty), mask=mask)
+    _store_y(W, B, Y, out_rows, cols, mask, xc, rstd, N, swn, sbn)
+    if TAIL:
+        _store_y(W, B, Y, out_rows, t_cols, t_mask, xct, rstd, N, swn, sbn)
 
 
 @triton.jit
@@ -152,8 +207,8 @@ def layer_norm_wide_kernel(
 ):
     # One row per program, BLOCK_N < N columns at a time.
     row = tl.program_id(0)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2)
-    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
     out = row.to(tl.int64) * N
 
     # Pass 1: mean and M2 block by block, merged with Chan's formula.
@@ -253,13 +308,14 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), tuning)
+    blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     vectors = (weight.stride(0), bias.stride(0), float(eps))
-    if wide:
+    if blocks.wide:
         return Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
-                    HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=num_warps)
-    return Plan(layer_norm_kernel, (triton.cdiv(layout.rows, block_m),), layout.rows, n, d1, d2, *sx, *sr, *vectors,
-                HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
+    return Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx, *sr,
+                *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
 
 
 def layer_norm(

@@ -20,6 +20,9 @@ Two kernels share the work:
 * :func:`rms_norm_kernel` keeps whole rows in registers: one read of each
   input, one write of each output.  When rows are short it takes a tile of
   ``BLOCK_M`` rows per program, so that every program moves a useful amount.
+  A row that is not a power of two may be held as a power-of-two block and
+  a smaller tail block (5120 = 4096 + 1024) rather than padded (to 8192),
+  see ``_rows.RowBlocks``.
 * :func:`rms_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
   (twice that with a residual, see ``ADD_TUNING``): it loops over column
   blocks twice (sum of squares, then normalise), so the row is read twice;
@@ -37,14 +40,36 @@ import triton.language as tl
 
 from . import _rows
 from ._launch import Plan, planned
-from ._rows import RowTuning, check_row_shapes, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+from ._rows import (
+    RowTuning,
+    TailSplit,
+    check_row_shapes,
+    check_tensors,
+    load_rows,
+    out_row_offsets,
+    row_alignment,
+    row_block_config,
+    row_layout,
+    row_offsets,
+    to_dtype,
+)
 
 # One reduction per row: 8 warps for an 8192-wide row, 32 for the looped kernel
 # (H200, bf16, 16384 rows: 135 µs at N=8192, 525 µs at N=32768).
-TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=8)
+TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=8,
+                   split_tail=TailSplit(max_bytes=2, max_tail=0.25))
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
-# uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped).
-ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0)
+# uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
+# padded rather than split (fp16 N=3000: 127.3 µs padded, 144.1 split).
+ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=None)
+
+
+@triton.jit
+def _store_y(W, Y, out_rows, cols, mask, x, rstd, N, swn):
+    """``y = x * rstd * w`` for a tile of rows x cols, rounded once, at the store."""
+    w = tl.load(W + cols * swn, mask=cols < N, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + out_rows[:, None] + cols[None, :], to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -58,30 +83,37 @@ def rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    ALIGN: tl.constexpr,  # divides every row offset (see _rows.row_alignment)
 ):
-    # A tile of BLOCK_M whole rows: BLOCK_N >= N.
+    # A tile of BLOCK_M whole rows: BLOCK_N >= N, or BLOCK_N columns and a
+    # tail block of BLOCK_T (see _rows.RowBlocks).
+    if ALIGN > 1:  # ALIGN divides N: the compiler sees it (masks stay vector-wide)
+        N = N // ALIGN * ALIGN
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]
-
-    x_off = row_offsets(rows, D1, D2, sx0, sx1, sx2)[:, None] + cols[None, :].to(tl.int64) * sxn
-    x = tl.load(X + x_off, mask=mask, other=0.0).to(tl.float32)
-    out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    row_mask = rows < n_rows
+    x_rows = row_offsets(rows, D1, D2, sx0, sx1, sx2, ALIGN)
+    r_rows = x_rows
     if HAS_RESIDUAL:
-        r_off = row_offsets(rows, D1, D2, sr0, sr1, sr2)[:, None] + cols[None, :].to(tl.int64) * srn
-        r = tl.load(R + r_off, mask=mask, other=0.0).to(tl.float32)
-        h = to_dtype(x + r, H.dtype.element_ty)  # round as eager's x + residual does
-        tl.store(H + out_off, h, mask=mask)
-        x = h.to(tl.float32)  # normalise the rounded h
+        r_rows = row_offsets(rows, D1, D2, sr0, sr1, sr2, ALIGN)
+    out_rows = out_row_offsets(rows, N, ALIGN)
 
     # Statistics in float32; masked lanes hold 0 and add nothing.
-    ms = tl.math.div_rn(tl.sum(x * x, axis=1), N * 1.0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = row_mask[:, None] & (cols < N)[None, :]
+    x = load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL)
+    sum_sq = tl.sum(x * x, axis=1)
+    if BLOCK_T > 0:
+        t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
+        t_mask = row_mask[:, None] & (t_cols < N)[None, :]
+        xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
+        sum_sq += tl.sum(xt * xt, axis=1)
+    ms = tl.math.div_rn(sum_sq, N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
 
-    w = tl.load(W + cols * swn, mask=col_mask, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + out_off, to_dtype(y, Y.dtype.element_ty), mask=mask)
+    _store_y(W, Y, out_rows, cols, mask, x, rstd, N, swn)
+    if BLOCK_T > 0:
+        _store_y(W, Y, out_rows, t_cols, t_mask, xt, rstd, N, swn)
 
 
 @triton.jit
@@ -97,8 +129,8 @@ def rms_norm_wide_kernel(
 ):
     # One row per program, BLOCK_N < N columns at a time.
     row = tl.program_id(0)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2)
-    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
     out = row.to(tl.int64) * N
 
     # Pass 1: sum of squares, lane by lane (reduced once after the loop).
@@ -170,13 +202,14 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), tuning)
-    if wide:
+    blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
+    if blocks.wide:
         return Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
-                    HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, num_warps=num_warps)
-    return Plan(rms_norm_kernel, (triton.cdiv(layout.rows, block_m),),
+                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
+    return Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),
                 layout.rows, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
-                HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+                HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

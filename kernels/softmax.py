@@ -13,7 +13,8 @@ they neither raise the max nor add to the sum (``exp(-inf) = 0``).
 Two kernels share the work:
 
 * :func:`softmax_kernel` keeps whole rows in registers: one read, one write.
-  Short rows go ``BLOCK_M`` to a program.
+  Short rows go ``BLOCK_M`` to a program; a row that is not a power of two
+  may be a block plus a tail block (``_rows.RowBlocks``).
 * :func:`softmax_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``.
   Pass 1 is the "online" softmax over column blocks: it keeps a reference
   ``m`` (the running max) and a running sum ``d`` of ``exp(s - m)``,
@@ -44,11 +45,23 @@ import triton.language as tl
 
 from . import _rows
 from ._launch import Plan, planned
-from ._rows import RowTuning, check_tensors, row_block_config, row_layout, row_offsets, to_dtype
+from ._rows import (
+    RowTuning,
+    TailSplit,
+    check_tensors,
+    out_row_offsets,
+    row_alignment,
+    row_block_config,
+    row_layout,
+    row_offsets,
+    to_dtype,
+)
 
 # Two reductions and an exp per element: more threads per row than the norms
 # (H200, bf16, 16384 rows: N=14336 in 304 µs with 32 warps, 329 with 16, 433 with 8).
-TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4)
+# Split tails in half precision only: float32 N=5120 took 208 µs split, 198 padded.
+TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
+                   split_tail=TailSplit(max_bytes=2, max_tail=0.25, min_n=4096))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LOG2E_LO is
 # what that rounding drops.
@@ -85,6 +98,17 @@ def _exp(u, PRECISE: tl.constexpr):
 
 
 @triton.jit
+def _load_logits(X, x_rows, rows_mask, cols, N, sxn, scale):
+    """``x * scale`` for a tile of rows x cols in float32, ``-inf`` past the end of the row, and its mask."""
+    col_mask = (cols < N)[None, :]
+    mask = rows_mask[:, None] & col_mask
+    x = tl.load(X + x_rows[:, None] + cols[None, :].to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
+    # Scale first, then mask: -inf * scale would be +inf or NaN for scale <= 0.
+    # (Rows past the end keep their zeros: no -inf - -inf = NaN in their lanes.)
+    return tl.where(col_mask, x * scale, float("-inf")), mask
+
+
+@triton.jit
 def softmax_kernel(
     X, Y,  # input, output
     n_rows, N, D1, D2,  # rows, hidden size, folded leading dims (see _rows.py)
@@ -93,26 +117,35 @@ def softmax_kernel(
     PRECISE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    ALIGN: tl.constexpr,  # divides every row offset (see _rows.row_alignment)
 ):
-    # A tile of BLOCK_M whole rows: BLOCK_N >= N.
+    # A tile of BLOCK_M whole rows: BLOCK_N >= N, or BLOCK_N columns and a
+    # tail block of BLOCK_T (see _rows.RowBlocks), which follows every step.
+    if ALIGN > 1:  # ALIGN divides N: the compiler sees it (masks stay vector-wide)
+        N = N // ALIGN * ALIGN
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    x_rows = row_offsets(rows, D1, D2, sx0, sx1, sx2, ALIGN)
+    out_rows = out_row_offsets(rows, N, ALIGN)[:, None]
+
     cols = tl.arange(0, BLOCK_N)
-    col_mask = (cols < N)[None, :]
-    mask = (rows < n_rows)[:, None] & col_mask
-
-    x_off = row_offsets(rows, D1, D2, sx0, sx1, sx2)[:, None] + cols[None, :].to(tl.int64) * sxn
-    x = tl.load(X + x_off, mask=mask, other=0.0).to(tl.float32)
-    # Scale first, then mask: -inf * scale would be +inf or NaN for scale <= 0.
-    # (Rows past the end keep their zeros: no -inf - -inf = NaN in their lanes.)
-    s = tl.where(col_mask, x * scale, float("-inf"))
-
+    s, mask = _load_logits(X, x_rows, row_mask, cols, N, sxn, scale)
     m = tl.max(s, axis=1)
+    if BLOCK_T > 0:
+        t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
+        st, t_mask = _load_logits(X, x_rows, row_mask, t_cols, N, sxn, scale)
+        m = tl.maximum(m, tl.max(st, axis=1))
     e = _exp(s - m[:, None], PRECISE)
     d = tl.sum(e, axis=1)  # >= 1: the max contributes exp(0)
-    y = e * tl.math.div_rn(1.0, d)[:, None]
+    if BLOCK_T > 0:
+        et = _exp(st - m[:, None], PRECISE)
+        d += tl.sum(et, axis=1)
+    inv_d = tl.math.div_rn(1.0, d)[:, None]
 
-    out_off = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    tl.store(Y + out_off, to_dtype(y, Y.dtype.element_ty), mask=mask)
+    tl.store(Y + out_rows + cols[None, :], to_dtype(e * inv_d, Y.dtype.element_ty), mask=mask)
+    if BLOCK_T > 0:
+        tl.store(Y + out_rows + t_cols[None, :], to_dtype(et * inv_d, Y.dtype.element_ty), mask=t_mask)
 
 
 @triton.jit
@@ -126,7 +159,7 @@ def softmax_wide_kernel(
 ):
     # One row per program, BLOCK_N < N columns at a time.
     row = tl.program_id(0)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
     out = row.to(tl.int64) * N
 
     # Pass 1: a reference m (the running max, give or take RESCALE_SLACK) and
@@ -186,13 +219,14 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
         return None
     layout = row_layout(x.shape, x)
     _, d1, d2 = layout.dims
-    block_m, block_n, num_warps, wide = row_block_config(layout.rows, n, x.element_size(), TUNING)
+    blocks = row_block_config(layout.rows, n, x.element_size(), TUNING)
     precise = x.dtype == torch.float32
-    if wide:
+    if blocks.wide:
         return Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
-                    PRECISE=precise, BLOCK_N=block_n, num_warps=num_warps)
-    return Plan(softmax_kernel, (triton.cdiv(layout.rows, block_m),), layout.rows, n, d1, d2, *layout.strides[0],
-                float(scale), PRECISE=precise, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+                    PRECISE=precise, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
+    return Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,
+                *layout.strides[0], float(scale), PRECISE=precise, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
 
 
 __all__ = ["softmax", "softmax_kernel", "softmax_wide_kernel"]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from fuseaudit.catalog import OPS
 from fuseaudit.check import run_case
 from fuseaudit.strategies import cases
+from fuseaudit.tolerance import compare
 
 WIDE_OPS = [OPS[name] for name in ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")]
 
@@ -29,7 +30,7 @@ def test_wide_path(spec, data, fuseaudit_device):
 
     case = data.draw(cases(spec), label="case")
     with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256):
-        wide = _rows.row_block_config(1, 1000, 2, _rows.RowTuning(32, 8, 8))[3]
+        wide = _rows.row_block_config(1, 1000, 2, _rows.RowTuning(32, 8, 8)).wide
         assert wide, "the lowered cap should select the looped path"
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
@@ -44,9 +45,135 @@ def test_uneven_rows_loop(spec, n, fuseaudit_device):
     from fuseaudit.case import Case
 
     tuning = {"rms_norm": rms_norm.TUNING, "softmax": softmax.TUNING}[spec.name]
-    assert _rows.row_block_config(3, n, 2, tuning)[1:] == (tuning.uneven_block, tuning.uneven_warps, True)
+    blocks = _rows.row_block_config(3, n, 2, tuning)
+    assert (blocks.block_n, blocks.num_warps, blocks.wide) == (tuning.uneven_block, tuning.uneven_warps, True)
     for dtype in ("bfloat16", "float16"):
         case = Case(op=spec.name, dtype=dtype, dims={"lead": (3,), "N": n},
                     layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=n)
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
+
+
+ROW_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
+SPLIT_CANDIDATES = (2049, 2500, 3000, 5120, 6000)
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+@pytest.mark.parametrize("lead", [(1,), (3,)], ids=["1row", "3rows"])
+def test_split_tail(op, lead, fuseaudit_device):
+    """Whole rows held as a power-of-two block plus a tail block (RowTuning.split_tail, _rows.RowBlocks).
+
+    Each width of SPLIT_CANDIDATES that the op's TailSplit rule splits in
+    half precision is run in float32, bfloat16 and float16, with padded rows
+    (NaN past each row's end), transposed and offset inputs.  On the GPU one
+    row a program, and only with TAIL_MIN_ROWS rows or more; under the
+    interpreter with any rows, three rows to one program, so the tail code
+    runs with BLOCK_M > 1 too.  An op without a rule must split nothing.
+    """
+    from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
+
+    from fuseaudit.case import Case
+
+    spec = OPS[op]
+    tuning = {"rms_norm": rms_norm.TUNING, "add_rms_norm": rms_norm.ADD_TUNING, "layer_norm": layer_norm.TUNING,
+              "add_layer_norm": layer_norm.ADD_TUNING, "softmax": softmax.TUNING}[op]
+    if not _rows.interpreting():  # a GPU splits only with many rows
+        lead = (_rows.TAIL_MIN_ROWS + lead[0],)
+        assert not _rows.row_block_config(8, 5120, 2, tuning).block_t, "decode-sized row counts keep whole blocks"
+    widths = []
+    for n in SPLIT_CANDIDATES:
+        blocks = _rows.row_block_config(lead[0], n, 2, tuning)
+        assert not blocks.wide
+        if blocks.block_t:
+            assert blocks.block_n < n <= blocks.block_n + blocks.block_t < 2 * blocks.block_n
+            widths.append(n)
+    if tuning.split_tail is None:
+        assert not widths, f"{op} has no TailSplit rule but split {widths}"
+        return
+    assert 5120 in widths, f"{op}: N=5120 (4096 + 1024) should split"
+    for n in widths:
+        for dtype, layout in (("float32", "padded"), ("bfloat16", "transposed"), ("float16", "offset")):
+            case = Case(op=op, dtype=dtype, dims={"lead": lead, "N": n},
+                        layouts={name: layout for name in spec.input_names}, params=spec.defaults(), seed=n)
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["whole", "looped"])
+def test_softmax_special_values(wide, fuseaudit_device):
+    """Rows with NaN, +inf, -inf, all -inf: NaN exactly where the float64 softmax has it, the rest within the policy.
+
+    The looped kernel's running max and rescaled sum meet each special value
+    in other code than a whole row's max and sum do; both
+    are checked, the whole bfloat16 row with its tail block (N = 5000 =
+    4096 + 1024).
+    """
+    import torch
+    from fuseaudit.kernels import _rows, softmax
+
+    spec = OPS["softmax"]
+    inf, nan = float("inf"), float("nan")
+    n = 5000
+    rows = [
+        [1.0, nan] + [0.5] * (n - 2),
+        [0.25] * (n - 1) + [inf],
+        [-inf, 1.0] + [0.5] * (n - 2),
+        [-inf] * n,
+        [-inf] * (n // 2) + [1e4] * (n - n // 2),
+        [float(i - n // 2) / 8 for i in range(n)],
+    ]
+    if not _rows.interpreting():  # a GPU splits tails only with many rows
+        rows = rows * (_rows.TAIL_MIN_ROWS // len(rows) + 1)
+    params = spec.defaults()
+    cap = 256 if wide else _rows.MAX_FUSED_BYTES
+    for dtype in (torch.float32, torch.bfloat16):
+        inputs = {"x": torch.tensor(rows, dtype=dtype, device=fuseaudit_device)}
+        with mock.patch.object(_rows, "MAX_FUSED_BYTES", cap):
+            blocks = _rows.row_block_config(len(rows), n, dtype.itemsize, softmax.TUNING)
+            assert blocks.wide == wide
+            assert wide or (blocks.block_t > 0) == (dtype == torch.bfloat16), "tails split in half precision only"
+            y = softmax.softmax(**inputs, **params)
+        oracle = spec.run_oracle(inputs, params)[0]
+        cmp = compare("y", y, spec.run_eager(inputs, params)[0], oracle, dtype=dtype,
+                      fallback_ulps=spec.fallback_ulps, float32_scale=spec.float32_scale(inputs, params, oracle))
+        assert cmp.passed, f"{dtype}: {cmp.reason}"
+
+
+def test_row_alignment_reaches_the_kernels(fuseaudit_device):
+    """The whole-row kernels are told the rows' common power-of-two divisor (``_rows.row_alignment``).
+
+    Triton alone sees a width of 3000 as unaligned and reads it 2 bytes at a
+    time; ``ALIGN`` is what lets the compiler use 16-byte loads (checked in
+    the PTX by ``test_compile_hopper.py``).  Too large a claim would make
+    misaligned vector loads, so each layout's divisor is checked here, and
+    that every wrapper hands it to its kernel.
+    """
+    import torch
+    from fuseaudit.kernels import layer_norm, rms_norm, softmax
+    from fuseaudit.kernels._rows import row_alignment, row_layout
+
+    def t(*shape):
+        return torch.zeros(*shape, dtype=torch.float16, device=fuseaudit_device)
+
+    layouts = {
+        "contiguous, N=3000": (t(16, 3000), 8),
+        "contiguous, N=5120": (t(16, 5120), 16),
+        "3-D, N=3000": (t(2, 8, 3000), 8),
+        "rows padded to 3012": (t(16, 3012)[:, :3000], 4),
+        "transposed": (t(3000, 16).t(), 1),
+        "odd width 2501": (t(16, 2501), 1),
+        "expanded rows, N=2500": (t(1, 2500).expand(16, 2500), 4),
+    }
+    for name, (x, expected) in layouts.items():
+        n = x.shape[-1]
+        assert row_alignment(n, row_layout(x.shape, x)) == expected, name
+        w = t(n) + 1
+        plans = {
+            "rms_norm": rms_norm._plan("rms_norm", x, None, w, 1e-6, rms_norm.TUNING),
+            "add_rms_norm": rms_norm._plan("add_rms_norm", x, x, w, 1e-6, rms_norm.ADD_TUNING),
+            "layer_norm": layer_norm._plan("layer_norm", x, None, w, w, 1e-5, layer_norm.TUNING),
+            "add_layer_norm": layer_norm._plan("add_layer_norm", x, x, w, w, 1e-5, layer_norm.ADD_TUNING),
+            "softmax": softmax._plan(x, 1.0),
+        }
+        for op, plan in plans.items():
+            assert plan is not None and plan.meta.get("ALIGN") == expected, f"{op}, {name}: {plan}"
