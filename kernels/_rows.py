@@ -155,6 +155,18 @@ def row_offsets(rows, D1, D2, S0, S1, S2, ALIGN: tl.constexpr):
 
 
 @triton.jit
+def aligned_width(N, ALIGN: tl.constexpr):
+    """``N`` itself, written so that the compiler knows ``ALIGN`` divides it.
+
+    Column masks ``cols < N`` then hold ALIGN lanes alike, which vector
+    loads and stores need (see :func:`row_alignment`).
+    """
+    if ALIGN > 1:
+        N = N // ALIGN * ALIGN
+    return N
+
+
+@triton.jit
 def out_row_offsets(rows, N, ALIGN: tl.constexpr):
     """Offset of each row in a contiguous ``(rows, N)`` output (int64), a multiple of ``ALIGN``."""
     offsets = rows.to(tl.int64) * N
@@ -171,8 +183,8 @@ def row_alignment(n: int, layout: RowLayout) -> int:
     16 bytes) reads as "not aligned" and every load of the row becomes a
     scalar 2-byte load.  The whole-row kernels take this divisor as
     ``ALIGN`` and pass it on to the compiler: ``tl.multiple_of`` on the row
-    offsets, and ``N = N // ALIGN * ALIGN`` (the same value) so that the
-    column masks are known to hold ALIGN lanes alike.  Checked in the PTX by
+    offsets, and :func:`aligned_width` (``N // ALIGN * ALIGN``, the same
+    value) so that the column masks are known to hold ALIGN lanes alike.  Checked in the PTX by
     ``properties/test_compile_hopper.py`` (16-byte loads at N = 3000).
     H200, fp16, 16384 rows, µs before -> after
     (``reports/h200/bench-rows-split-final-fp16.txt`` -> ``bench-rows-align-fp16.txt``):

@@ -65,6 +65,7 @@ from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
     TailSplit,
+    aligned_width,
     check_row_shapes,
     check_tensors,
     load_rows,
@@ -136,8 +137,7 @@ def layer_norm_kernel(
     # one, follows every step the block takes; each sum adds both.
     ONE_PASS: tl.constexpr = BLOCK_M == 1 and X.dtype.element_ty != tl.float32
     TAIL: tl.constexpr = BLOCK_T > 0
-    if ALIGN > 1:  # ALIGN divides N: the compiler sees it (masks stay vector-wide)
-        N = N // ALIGN * ALIGN
+    N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
     x_rows = row_offsets(rows, D1, D2, sx0, sx1, sx2, ALIGN)

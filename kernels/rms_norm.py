@@ -43,6 +43,7 @@ from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
     TailSplit,
+    aligned_width,
     check_row_shapes,
     check_tensors,
     load_rows,
@@ -88,8 +89,7 @@ def rms_norm_kernel(
 ):
     # A tile of BLOCK_M whole rows: BLOCK_N >= N, or BLOCK_N columns and a
     # tail block of BLOCK_T (see _rows.RowBlocks).
-    if ALIGN > 1:  # ALIGN divides N: the compiler sees it (masks stay vector-wide)
-        N = N // ALIGN * ALIGN
+    N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
     x_rows = row_offsets(rows, D1, D2, sx0, sx1, sx2, ALIGN)

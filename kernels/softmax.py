@@ -48,6 +48,7 @@ from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
     TailSplit,
+    aligned_width,
     check_tensors,
     out_row_offsets,
     row_alignment,
@@ -122,8 +123,7 @@ def softmax_kernel(
 ):
     # A tile of BLOCK_M whole rows: BLOCK_N >= N, or BLOCK_N columns and a
     # tail block of BLOCK_T (see _rows.RowBlocks), which follows every step.
-    if ALIGN > 1:  # ALIGN divides N: the compiler sees it (masks stay vector-wide)
-        N = N // ALIGN * ALIGN
+    N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
     x_rows = row_offsets(rows, D1, D2, sx0, sx1, sx2, ALIGN)
