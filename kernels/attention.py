@@ -375,16 +375,25 @@ _TUNE_KEY = ["HEAD_DIM", "GROUP", "CAUSAL", "SPLIT", "ROWS_BUCKET", "KEYS_BUCKET
 
 # Hopper: 128-row blocks feed wgmma well; 64-row and 32-key tiles are the
 # fallback for D = 256 and float32, whose tiles do not fit shared memory else.
+# Two configs are there to put two blocks on each SM, so that one block's
+# softmax runs while the other's tensor-core work does (Triton cannot overlap
+# them inside one block without warp specialisation, which crashed its
+# compiler on this kernel): 128 x 64 tiles in 2 stages (96 KiB of shared
+# memory) with one warpgroup per block, or with two warpgroups capped at 128
+# registers a thread (``maxnreg``; 146 uncapped, one block per SM).  H200, bf16,
+# D = 128 (``reports/h200/attention-configs-session6.txt``): S = 8192 4483 ->
+# 4290 µs, S = 4096 causal 1277 -> 1268, S = 2048 causal 739 -> 679.
+_TWO_BLOCKS_MAX_REGS = 128
 _PREFILL_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-    for bm, bn, w, s in [
-        (128, 64, 4, 3),
-        (128, 64, 8, 3),
-        (128, 128, 8, 2),
-        (128, 128, 8, 3),
-        (128, 64, 8, 2),
-        (64, 64, 4, 3),
-        (64, 32, 4, 2),
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, maxnreg=r)
+    for bm, bn, w, s, r in [
+        (128, 64, 4, 3, None),
+        (128, 64, 4, 2, None),
+        (128, 64, 8, 3, None),
+        (128, 64, 8, 2, _TWO_BLOCKS_MAX_REGS),
+        (128, 128, 8, 3, None),
+        (64, 64, 4, 3, None),
+        (64, 32, 4, 2, None),
     ]
 ]
 # Decoding: BLOCK_M is set by the caller (the packed rows, 16..64).
@@ -416,13 +425,19 @@ def _smem_bytes(bm: int, bn: int, stages: int, block_d: int, elt: int) -> int:
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Drop configs whose tiles cannot fit in shared memory for this head dim."""
+    """Drop configs whose tiles cannot fit in shared memory for this head dim.
+
+    A register cap is only for half-precision tiles up to ``D = 128``: wider or
+    float32 accumulators do not fit under it (ptxas fails or spills).
+    """
     args = {**named_args, **kwargs}
     block_d = args["BLOCK_D"]
     elt = args["Q"].element_size()
     fits = []
     for c in configs:
         bm = c.kwargs.get("BLOCK_M", args.get("BLOCK_M"))
+        if getattr(c, "maxnreg", None) and (block_d > 128 or elt > 2):
+            continue
         if _smem_bytes(bm, c.kwargs["BLOCK_N"], c.num_stages, block_d, elt) <= _SMEM_BUDGET:
             fits.append(c)
     if fits:
@@ -444,7 +459,8 @@ def _set_desc_blocks(nargs: dict) -> None:
 
 _attention_prefill_desc = triton.autotune(
     configs=[
-        triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, pre_hook=_set_desc_blocks)
+        triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg,
+                      pre_hook=_set_desc_blocks)
         for c in _PREFILL_CONFIGS
     ],
     key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune},
@@ -671,7 +687,10 @@ def attention_with_config(
             fixed["BLOCK_M"] = block_m
         if use_desc:
             _set_desc_blocks({"K": k_arg, "V": v_arg, "BLOCK_N": fixed["BLOCK_N"], "BLOCK_D": block_d})
-        _attention_fwd_kernel[grid](*args, **meta, **fixed, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if getattr(cfg, "maxnreg", None):
+            options["maxnreg"] = cfg.maxnreg  # a register cap, e.g. for two blocks per SM
+        _attention_fwd_kernel[grid](*args, **meta, **fixed, **options)
     elif decode:
         _attention_decode[grid](*args, **meta, BLOCK_M=block_m)
     elif use_desc:
