@@ -375,27 +375,29 @@ _TUNE_KEY = ["HEAD_DIM", "GROUP", "CAUSAL", "SPLIT", "ROWS_BUCKET", "KEYS_BUCKET
 
 # Hopper: 128-row blocks feed wgmma well; 64-row and 32-key tiles are the
 # fallback for D = 256 and float32, whose tiles do not fit shared memory else.
-# Two configs are there to put two blocks on each SM, so that one block's
-# softmax runs while the other's tensor-core work does (Triton cannot overlap
-# them inside one block without warp specialisation, which crashed its
-# compiler on this kernel): 128 x 64 tiles in 2 stages (96 KiB of shared
-# memory) with one warpgroup per block, or with two warpgroups capped at 128
-# registers a thread (``maxnreg``; 146 uncapped, one block per SM).  H200, bf16,
-# D = 128 (``reports/h200/attention-configs-session6.txt``): S = 8192 4483 ->
-# 4290 µs, S = 4096 causal 1277 -> 1268, S = 2048 causal 739 -> 679.
-_TWO_BLOCKS_MAX_REGS = 128
 _PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, maxnreg=r)
     for bm, bn, w, s, r in [
         (128, 64, 4, 3, None),
-        (128, 64, 4, 2, None),
         (128, 64, 8, 3, None),
-        (128, 64, 8, 2, _TWO_BLOCKS_MAX_REGS),
+        (128, 128, 8, 2, None),
         (128, 128, 8, 3, None),
+        (128, 64, 8, 2, None),
         (64, 64, 4, 3, None),
         (64, 32, 4, 2, None),
+        # Two blocks on each SM, so that one block's softmax runs while the
+        # other's tensor-core work does (Triton cannot overlap them inside one
+        # block without warp specialisation, which crashed its compiler on this
+        # kernel): 128 x 64 tiles in 2 stages (96 KiB of shared memory) with
+        # one warpgroup per block, or with two warpgroups capped at 128
+        # registers a thread (146 uncapped: one block per SM).  Offered from
+        # 2048 keys on (see _prune); reports/h200/attention-configs-session6.txt.
+        (128, 64, 4, 2, None),
+        (128, 64, 8, 2, 128),
     ]
 ]
+_TWO_BLOCKS = {(128, 64, 4, 2, None), (128, 64, 8, 2, 128)}
+_TWO_BLOCKS_MIN_KEYS = 2048
 # Decoding: BLOCK_M is set by the caller (the packed rows, 16..64).
 _DECODE_CONFIGS = [
     triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
@@ -428,7 +430,12 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
     """Drop configs whose tiles cannot fit in shared memory for this head dim.
 
     A register cap is only for half-precision tiles up to ``D = 128``: wider or
-    float32 accumulators do not fit under it (ptxas fails or spills).
+    float32 accumulators do not fit under it (ptxas fails or spills).  The
+    two-blocks-per-SM configs are offered from ``_TWO_BLOCKS_MIN_KEYS`` keys
+    on.  H200, D = 128, ``fuseaudit bench`` A/B against the list without them
+    (``reports/h200/bench-attention-ab*-session6``): bf16 non-causal 6-10%
+    faster from 2048 keys, causal within 4% either way; at 1024 keys the
+    autotuner's pick among them was 9-25% slower, hence the threshold.
     """
     args = {**named_args, **kwargs}
     block_d = args["BLOCK_D"]
@@ -436,7 +443,10 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
     fits = []
     for c in configs:
         bm = c.kwargs.get("BLOCK_M", args.get("BLOCK_M"))
-        if getattr(c, "maxnreg", None) and (block_d > 128 or elt > 2):
+        if c.maxnreg and (block_d > 128 or elt > 2):
+            continue
+        shape = (c.kwargs.get("BLOCK_M"), c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg)
+        if shape in _TWO_BLOCKS and args.get("KEYS_BUCKET", 0) < _TWO_BLOCKS_MIN_KEYS:
             continue
         if _smem_bytes(bm, c.kwargs["BLOCK_N"], c.num_stages, block_d, elt) <= _SMEM_BUDGET:
             fits.append(c)
@@ -688,7 +698,7 @@ def attention_with_config(
         if use_desc:
             _set_desc_blocks({"K": k_arg, "V": v_arg, "BLOCK_N": fixed["BLOCK_N"], "BLOCK_D": block_d})
         options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        if getattr(cfg, "maxnreg", None):
+        if cfg.maxnreg:
             options["maxnreg"] = cfg.maxnreg  # a register cap, e.g. for two blocks per SM
         _attention_fwd_kernel[grid](*args, **meta, **fixed, **options)
     elif decode:

@@ -3,7 +3,8 @@
 The property suite runs the attention kernel with ``FUSEAUDIT_AUTOTUNE=0`` to
 keep compile time bounded; this test covers the configs the autotuner may pick
 instead, each on a prefill or decode case with ragged sizes, causal and
-grouped-query.
+grouped-query.  Which configs the autotuner is offered for a shape is checked
+on the CPU too.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from fuseaudit.case import Case
 from fuseaudit.catalog import OPS
 from fuseaudit.check import run_case
 
-pytestmark = pytest.mark.fuseaudit_gpu
-
 
 def _configs():
     from fuseaudit.kernels import attention as attn
@@ -25,6 +24,7 @@ def _configs():
     return [("prefill", c) for c in attn._PREFILL_CONFIGS] + [("decode", c) for c in attn._DECODE_CONFIGS]
 
 
+@pytest.mark.fuseaudit_gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("head_dim", [64, 128, 80])
 def test_every_config(fuseaudit_device, dtype, head_dim):
@@ -45,3 +45,29 @@ def test_every_config(fuseaudit_device, dtype, head_dim):
             if not report.passed:
                 failures.append(f"{kind} {config}: {report.failures[0].message}")
     assert not failures, "\n".join(failures)
+
+
+def test_configs_offered_per_shape():
+    import torch
+    from fuseaudit.kernels import attention as attn
+
+    def offered(block_d, dtype, keys):
+        q = torch.empty(1, 1, 1, block_d, dtype=dtype)
+        return attn._prune(attn._PREFILL_CONFIGS, {"BLOCK_D": block_d, "Q": q, "KEYS_BUCKET": keys})
+
+    def two_blocks(configs):
+        return [c for c in configs
+                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg) in attn._TWO_BLOCKS]
+
+    assert len(attn._TWO_BLOCKS) == 2 == len(two_blocks(attn._PREFILL_CONFIGS))
+    # two blocks per SM from _TWO_BLOCKS_MIN_KEYS keys on, both half dtypes, D up to 128
+    for dtype in (torch.bfloat16, torch.float16):
+        for block_d in (64, 128):
+            assert two_blocks(offered(block_d, dtype, attn._TWO_BLOCKS_MIN_KEYS)) == two_blocks(attn._PREFILL_CONFIGS)
+            assert not two_blocks(offered(block_d, dtype, attn._TWO_BLOCKS_MIN_KEYS // 2))
+    # a register cap never where the accumulator cannot fit under it
+    for block_d, dtype in ((256, torch.bfloat16), (128, torch.float32), (64, torch.float32)):
+        assert not [c for c in offered(block_d, dtype, 1 << 16) if c.maxnreg]
+    # the fixed-config path (no keys given) keeps the first config, uncapped
+    fixed = attn._prune(attn._PREFILL_CONFIGS, {"BLOCK_D": 128, "Q": torch.empty(1, dtype=torch.bfloat16)})
+    assert fixed[0] is attn._PREFILL_CONFIGS[0] and not fixed[0].maxnreg
