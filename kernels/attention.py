@@ -373,6 +373,16 @@ def _attention_fwd_kernel(
 
 _TUNE_KEY = ["HEAD_DIM", "GROUP", "CAUSAL", "SPLIT", "ROWS_BUCKET", "KEYS_BUCKET"]
 
+# Two blocks on each SM, so that one block's softmax runs while the other's
+# tensor-core work does (Triton cannot overlap them inside one block without
+# warp specialisation, which crashed its compiler on this kernel): 128 x 64
+# tiles in 2 stages (96 KiB of shared memory) with one warpgroup per block, or
+# with two warpgroups capped at 128 registers a thread (146 uncapped: one block
+# per SM).  (BLOCK_M, BLOCK_N, warps, stages, maxnreg); offered from
+# _TWO_BLOCKS_MIN_KEYS keys on (see _prune and
+# reports/h200/attention-configs-session6.txt).
+_TWO_BLOCKS = ((128, 64, 4, 2, None), (128, 64, 8, 2, 128))
+_TWO_BLOCKS_MIN_KEYS = 2048
 # Hopper: 128-row blocks feed wgmma well; 64-row and 32-key tiles are the
 # fallback for D = 256 and float32, whose tiles do not fit shared memory else.
 _PREFILL_CONFIGS = [
@@ -385,19 +395,9 @@ _PREFILL_CONFIGS = [
         (128, 64, 8, 2, None),
         (64, 64, 4, 3, None),
         (64, 32, 4, 2, None),
-        # Two blocks on each SM, so that one block's softmax runs while the
-        # other's tensor-core work does (Triton cannot overlap them inside one
-        # block without warp specialisation, which crashed its compiler on this
-        # kernel): 128 x 64 tiles in 2 stages (96 KiB of shared memory) with
-        # one warpgroup per block, or with two warpgroups capped at 128
-        # registers a thread (146 uncapped: one block per SM).  Offered from
-        # 2048 keys on (see _prune); reports/h200/attention-configs-session6.txt.
-        (128, 64, 4, 2, None),
-        (128, 64, 8, 2, 128),
+        *_TWO_BLOCKS,
     ]
 ]
-_TWO_BLOCKS = {(128, 64, 4, 2, None), (128, 64, 8, 2, 128)}
-_TWO_BLOCKS_MIN_KEYS = 2048
 # Decoding: BLOCK_M is set by the caller (the packed rows, 16..64).
 _DECODE_CONFIGS = [
     triton.Config({"BLOCK_N": bn}, num_warps=w, num_stages=s)
