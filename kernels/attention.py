@@ -426,6 +426,11 @@ def _smem_bytes(bm: int, bn: int, stages: int, block_d: int, elt: int) -> int:
     return (bm + 2 * stages * bn) * block_d * elt
 
 
+def _tile(c: triton.Config) -> tuple:
+    """``(BLOCK_M, BLOCK_N, warps, stages, maxnreg)`` of a config, as ``_TWO_BLOCKS`` lists them."""
+    return (c.kwargs.get("BLOCK_M"), c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg)
+
+
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Drop configs whose tiles cannot fit in shared memory for this head dim.
 
@@ -445,8 +450,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
         bm = c.kwargs.get("BLOCK_M", args.get("BLOCK_M"))
         if c.maxnreg and (block_d > 128 or elt > 2):
             continue
-        shape = (c.kwargs.get("BLOCK_M"), c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg)
-        if shape in _TWO_BLOCKS and args.get("KEYS_BUCKET", 0) < _TWO_BLOCKS_MIN_KEYS:
+        if _tile(c) in _TWO_BLOCKS and args.get("KEYS_BUCKET", 0) < _TWO_BLOCKS_MIN_KEYS:
             continue
         if _smem_bytes(bm, c.kwargs["BLOCK_N"], c.num_stages, block_d, elt) <= _SMEM_BUDGET:
             fits.append(c)

@@ -56,8 +56,7 @@ def test_configs_offered_per_shape():
         return attn._prune(attn._PREFILL_CONFIGS, {"BLOCK_D": block_d, "Q": q, "KEYS_BUCKET": keys})
 
     def two_blocks(configs):
-        return [c for c in configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages, c.maxnreg) in attn._TWO_BLOCKS]
+        return [c for c in configs if attn._tile(c) in attn._TWO_BLOCKS]
 
     assert len(attn._TWO_BLOCKS) == 2 == len(two_blocks(attn._PREFILL_CONFIGS))
     # two blocks per SM from _TWO_BLOCKS_MIN_KEYS keys on, both half dtypes, D up to 128
