@@ -125,13 +125,16 @@ def _fold(shape: tuple[int, ...], tensor_strides: tuple[tuple[int, ...], ...]) -
             f"leading dims {tuple(shape[:-1])} with these strides fold to {len(sizes)} "
             f"independent dims; the kernels address at most {MAX_LEADING_DIMS}"
         )
+    # Pad at the end: the usual single leading dim becomes (rows, 1, 1), and
+    # Triton's specialisation of arguments equal to 1 then removes both
+    # divisions of row_offsets (they sat in front of every program's first load).
     pad = MAX_LEADING_DIMS - len(sizes)
-    sizes = [1] * pad + sizes
+    sizes = sizes + [1] * pad
     rows = 1
     for n in sizes:
         rows *= n
     per_tensor = tuple(
-        (*tuple([0] * pad + s), st[-1]) for s, st in zip(strides, tensor_strides)
+        (*tuple(s + [0] * pad), st[-1]) for s, st in zip(strides, tensor_strides)
     )
     return RowLayout(rows, (sizes[0], sizes[1], sizes[2]), per_tensor)  # type: ignore[arg-type]
 
@@ -244,6 +247,9 @@ UNEVEN_MIN = 8192
 # and bench-rows-bf16.txt).
 TAIL_MAX_BLOCK = 8192
 TAIL_MIN_ROWS = 1024
+# See RowBlocks.early: launches of at most this many rows (no more programs
+# than an H100/H200 has SMs) load the weight and bias with the row.
+EARLY_VECTOR_ROWS = 128
 
 
 class TailSplit(NamedTuple):
@@ -309,6 +315,17 @@ class RowBlocks(NamedTuple):
     num_warps: int
     wide: bool
     block_t: int = 0
+    # Whole-row kernels: load the weight (and bias) together with the row
+    # instead of after the reductions.  A program then waits for memory once,
+    # not twice, which is what a decode-sized call costs; but the vectors
+    # stay in registers across the reductions, and with many rows the lost
+    # occupancy costs more.  H200, bf16, rms_norm event time after an L2
+    # flush (reports/h200/row-experiments-session7.txt), late -> early:
+    # rows=1 N=4096 5.98 -> 4.93 µs (torch.compile 4.80), rows=8 5.54 ->
+    # 4.74 (4.77), rows=1 N=16384 6.62 -> 5.79 (10.35); at 16384 rows early
+    # lost up to 2x (layer_norm N=11008 266 -> 473 µs, rms_norm N=16384
+    # 262 -> 356).  So: only up to EARLY_VECTOR_ROWS rows.
+    early: bool = False
 
 
 def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> RowBlocks:
@@ -320,7 +337,8 @@ def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) ->
     Module constants are read at call time, so a test can lower
     ``MAX_FUSED_BYTES`` to reach the looped path with small rows.
     """
-    return _row_block_config(rows, n, element_size, tuning, MAX_FUSED_BYTES, interpreting())
+    blocks = _row_block_config(rows, n, element_size, tuning, MAX_FUSED_BYTES, interpreting())
+    return blocks._replace(early=not blocks.wide and rows <= EARLY_VECTOR_ROWS)
 
 
 @functools.lru_cache(maxsize=4096)

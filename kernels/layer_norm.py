@@ -110,11 +110,21 @@ def _sum_squares(xc, xct, TAIL: tl.constexpr):
 
 
 @triton.jit
-def _store_y(W, B, Y, out_rows, cols, mask, xc, rstd, N, swn, sbn):
+def _load_wb(W, B, cols, t_cols, N, swn, sbn, TAIL: tl.constexpr):
+    """Weight and bias for the block's ``cols`` and the tail's (the block's again without a tail), in their dtype."""
+    w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
+    b = tl.load(B + cols * sbn, mask=cols < N, other=0.0)
+    wt, bt = w, b
+    if TAIL:
+        wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
+        bt = tl.load(B + t_cols * sbn, mask=t_cols < N, other=0.0)
+    return w, b, wt, bt
+
+
+@triton.jit
+def _store_y(Y, out_rows, cols, mask, xc, rstd, w, b):
     """``y = (x - mean) * rstd * w + b`` for a tile of rows x cols, rounded once, at the store."""
-    w = tl.load(W + cols * swn, mask=cols < N, other=0.0).to(tl.float32)
-    b = tl.load(B + cols * sbn, mask=cols < N, other=0.0).to(tl.float32)
-    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    y = xc * rstd[:, None] * w.to(tl.float32)[None, :] + b.to(tl.float32)[None, :]
     tl.store(Y + out_rows[:, None] + cols[None, :], to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
@@ -131,6 +141,7 @@ def layer_norm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr,
     ALIGN: tl.constexpr,  # divides every row offset (see _rows.row_alignment)
+    EARLY: tl.constexpr,  # load weight and bias with the row (see _rows.RowBlocks.early)
 ):
     # A tile of BLOCK_M whole rows: BLOCK_N >= N, or BLOCK_N columns and a
     # tail block of BLOCK_T (see _rows.RowBlocks).  The tail, when there is
@@ -158,6 +169,8 @@ def layer_norm_kernel(
         t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
         t_mask = row_mask[:, None] & (t_cols < N)[None, :]
         xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
+    if EARLY:  # weight and bias with the row: one wait for memory (see _rows.RowBlocks.early)
+        w, b, wt, bt = _load_wb(W, B, cols, t_cols, N, swn, sbn, TAIL)
 
     # Statistics on the row in registers.  The mean is taken about the row's
     # first element x0 (mean = x0 + sum(d) / N, d = x - x0): the shifted
@@ -188,10 +201,12 @@ def layer_norm_kernel(
         xc, xct = _centred(x, xt, mask, t_mask, mean, TAIL)
         var = tl.math.div_rn(_sum_squares(xc, xct, TAIL), N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
+    if not EARLY:  # many rows: registers are worth more than the wait
+        w, b, wt, bt = _load_wb(W, B, cols, t_cols, N, swn, sbn, TAIL)
 
-    _store_y(W, B, Y, out_rows, cols, mask, xc, rstd, N, swn, sbn)
+    _store_y(Y, out_rows, cols, mask, xc, rstd, w, b)
     if TAIL:
-        _store_y(W, B, Y, out_rows, t_cols, t_mask, xct, rstd, N, swn, sbn)
+        _store_y(Y, out_rows, t_cols, t_mask, xct, rstd, wt, bt)
 
 
 @triton.jit
@@ -284,7 +299,7 @@ def _layer_norm(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch; returns ``(y, h)``."""
     tuning = TUNING if residual is None else ADD_TUNING
-    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES), (x, residual, weight, bias),
+    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS), (x, residual, weight, bias),
                    lambda: _plan(op, x, residual, weight, bias, eps, tuning))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = None if residual is None else torch.empty_like(y)
@@ -315,7 +330,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
     return Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx, *sr,
                 *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
-                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
+                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), EARLY=blocks.early,
+                num_warps=blocks.num_warps)
 
 
 def layer_norm(

@@ -56,8 +56,13 @@ from ._rows import (
 )
 
 # One reduction per row: 8 warps for an 8192-wide row, 32 for the looped kernel
-# (H200, bf16, 16384 rows: 135 µs at N=8192, 525 µs at N=32768).
-TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=8,
+# (H200, bf16, 16384 rows: 135 µs at N=8192, 525 µs at N=32768).  Uneven rows
+# loop in blocks of 4096 with 16 warps: once row_offsets lost its divisions
+# the looped kernel needed fewer registers, more programs shared each SM, and
+# with 8 warps N=14336 slowed from 238 to 256 µs; 16 warps ran it in 226
+# (torch.compile 226), N=11008 in 186 (8 warps 188, compile 177)
+# (reports/h200/row-experiments-session7.txt).
+TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
                    split_tail=TailSplit(max_bytes=2, max_tail=0.25))
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
@@ -66,10 +71,9 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, spli
 
 
 @triton.jit
-def _store_y(W, Y, out_rows, cols, mask, x, rstd, N, swn):
+def _store_y(Y, out_rows, cols, mask, x, rstd, w):
     """``y = x * rstd * w`` for a tile of rows x cols, rounded once, at the store."""
-    w = tl.load(W + cols * swn, mask=cols < N, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
+    y = x * rstd[:, None] * w.to(tl.float32)[None, :]
     tl.store(Y + out_rows[:, None] + cols[None, :], to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
@@ -86,6 +90,7 @@ def rms_norm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_T: tl.constexpr,
     ALIGN: tl.constexpr,  # divides every row offset (see _rows.row_alignment)
+    EARLY: tl.constexpr,  # load the weight with the row (see _rows.RowBlocks.early)
 ):
     # A tile of BLOCK_M whole rows: BLOCK_N >= N, or BLOCK_N columns and a
     # tail block of BLOCK_T (see _rows.RowBlocks).
@@ -102,18 +107,26 @@ def rms_norm_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = row_mask[:, None] & (cols < N)[None, :]
     x = load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL)
+    if EARLY:  # the weight with the row: one wait for memory (see _rows.RowBlocks.early)
+        w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
     sum_sq = tl.sum(x * x, axis=1)
     if BLOCK_T > 0:
         t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
         t_mask = row_mask[:, None] & (t_cols < N)[None, :]
         xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
+        if EARLY:
+            wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
         sum_sq += tl.sum(xt * xt, axis=1)
     ms = tl.math.div_rn(sum_sq, N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
+    if not EARLY:  # many rows: registers are worth more than the wait
+        w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
+        if BLOCK_T > 0:
+            wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
 
-    _store_y(W, Y, out_rows, cols, mask, x, rstd, N, swn)
+    _store_y(Y, out_rows, cols, mask, x, rstd, w)
     if BLOCK_T > 0:
-        _store_y(W, Y, out_rows, t_cols, t_mask, xt, rstd, N, swn)
+        _store_y(Y, out_rows, t_cols, t_mask, xt, rstd, wt)
 
 
 @triton.jit
@@ -178,7 +191,7 @@ def _rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch; returns ``(y, h)``."""
     tuning = TUNING if residual is None else ADD_TUNING
-    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES), (x, residual, weight),
+    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS), (x, residual, weight),
                    lambda: _plan(op, x, residual, weight, eps, tuning))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = None if residual is None else torch.empty_like(y)
@@ -209,7 +222,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     return Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),
                 layout.rows, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
                 HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
-                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
+                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), EARLY=blocks.early,
+                num_warps=blocks.num_warps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
         for dtype in TYPES:
             for n in WIDTHS:
                 for rows in ROWS:
-                    b = _rows._row_block_config(rows, n, dtype.itemsize, tuning, _rows.MAX_FUSED_BYTES, False)
+                    b = _rows.row_block_config(rows, n, dtype.itemsize, tuning)
                     consts = dict(extra)
                     if module is softmax:
                         consts["PRECISE"] = dtype == torch.float32
@@ -82,6 +82,8 @@ SCRIPT = textwrap.dedent(
                     else:
                         fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,
                                                  ALIGN=min(n & -n, 16))  # contiguous (rows, n) inputs
+                        if "EARLY" in fn.arg_names:  # the norms: vectors early at 8 rows, late at 16384
+                            consts["EARLY"] = b.early
                         # column strides of 1, as Triton specialises them
                         consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
                     key = (fn.__name__, dtype, tuple(sorted(consts.items())), b.num_warps)
