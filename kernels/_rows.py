@@ -319,12 +319,13 @@ class RowBlocks(NamedTuple):
     # instead of after the reductions.  A program then waits for memory once,
     # not twice, which is what a decode-sized call costs; but the vectors
     # stay in registers across the reductions, and with many rows the lost
-    # occupancy costs more.  H200, bf16, rms_norm event time after an L2
-    # flush (reports/h200/row-experiments-session7.txt), late -> early:
-    # rows=1 N=4096 5.98 -> 4.93 µs (torch.compile 4.80), rows=8 5.54 ->
-    # 4.74 (4.77), rows=1 N=16384 6.62 -> 5.79 (10.35); at 16384 rows early
-    # lost up to 2x (layer_norm N=11008 266 -> 473 µs, rms_norm N=16384
-    # 262 -> 356).  So: only up to EARLY_VECTOR_ROWS rows.
+    # occupancy costs more.  H200, bf16, event time after an L2 flush
+    # (reports/h200/row-experiments-session7.txt), late -> early: rms_norm
+    # rows=1 N=4096 6.85 -> 5.63 µs (torch.compile 6.02), layer_norm rows=8
+    # N=16384 8.16 -> 7.14 (10.59), add_layer_norm rows=64 N=4096 7.26 ->
+    # 6.66 (7.31); at 16384 rows early lost up to 2x (layer_norm N=11008
+    # 266 -> 473 µs, rms_norm N=16384 262 -> 356).  So: only up to
+    # EARLY_VECTOR_ROWS rows.
     early: bool = False
 
 

@@ -110,15 +110,11 @@ def _sum_squares(xc, xct, TAIL: tl.constexpr):
 
 
 @triton.jit
-def _load_wb(W, B, cols, t_cols, N, swn, sbn, TAIL: tl.constexpr):
-    """Weight and bias for the block's ``cols`` and the tail's (the block's again without a tail), in their dtype."""
+def _load_wb(W, B, cols, N, swn, sbn):
+    """Weight and bias for ``cols``, in their own dtype."""
     w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
     b = tl.load(B + cols * sbn, mask=cols < N, other=0.0)
-    wt, bt = w, b
-    if TAIL:
-        wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
-        bt = tl.load(B + t_cols * sbn, mask=t_cols < N, other=0.0)
-    return w, b, wt, bt
+    return w, b
 
 
 @triton.jit
@@ -170,7 +166,10 @@ def layer_norm_kernel(
         t_mask = row_mask[:, None] & (t_cols < N)[None, :]
         xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
     if EARLY:  # weight and bias with the row: one wait for memory (see _rows.RowBlocks.early)
-        w, b, wt, bt = _load_wb(W, B, cols, t_cols, N, swn, sbn, TAIL)
+        w, b = _load_wb(W, B, cols, N, swn, sbn)
+        wt, bt = w, b
+        if TAIL:
+            wt, bt = _load_wb(W, B, t_cols, N, swn, sbn)
 
     # Statistics on the row in registers.  The mean is taken about the row's
     # first element x0 (mean = x0 + sum(d) / N, d = x - x0): the shifted
@@ -201,11 +200,15 @@ def layer_norm_kernel(
         xc, xct = _centred(x, xt, mask, t_mask, mean, TAIL)
         var = tl.math.div_rn(_sum_squares(xc, xct, TAIL), N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
-    if not EARLY:  # many rows: registers are worth more than the wait
-        w, b, wt, bt = _load_wb(W, B, cols, t_cols, N, swn, sbn, TAIL)
-
+    # Many rows (not EARLY): the vectors are loaded here, the tail's after the
+    # block is stored, so that at most one pair is live at a time; registers
+    # are worth more than the wait then.
+    if not EARLY:
+        w, b = _load_wb(W, B, cols, N, swn, sbn)
     _store_y(Y, out_rows, cols, mask, xc, rstd, w, b)
     if TAIL:
+        if not EARLY:
+            wt, bt = _load_wb(W, B, t_cols, N, swn, sbn)
         _store_y(Y, out_rows, t_cols, t_mask, xct, rstd, wt, bt)
 
 

@@ -119,13 +119,14 @@ def rms_norm_kernel(
         sum_sq += tl.sum(xt * xt, axis=1)
     ms = tl.math.div_rn(sum_sq, N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
-    if not EARLY:  # many rows: registers are worth more than the wait
+    # Many rows (not EARLY): the weight is loaded here, the tail's after the
+    # block is stored; registers are worth more than the wait then.
+    if not EARLY:
         w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
-        if BLOCK_T > 0:
-            wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
-
     _store_y(Y, out_rows, cols, mask, x, rstd, w)
     if BLOCK_T > 0:
+        if not EARLY:
+            wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
         _store_y(Y, out_rows, t_cols, t_mask, xt, rstd, wt)
 
 
