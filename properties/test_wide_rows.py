@@ -36,6 +36,30 @@ def test_wide_path(spec, data, fuseaudit_device):
                  target=spec.reference).raise_for_failures()
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
+@pytest.mark.parametrize("regime", ["near_constant", "large", "outliers"])
+def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
+    """The looped layer_norm's per-lane Welford statistics and their merge, on the hard value regimes.
+
+    A constant offset ten times the row's spread (``near_constant``: the
+    variance is a 1e-7 sliver of the mean square), magnitudes up to 2048,
+    and outlier channels, over rows of 1000 in blocks of 64 (the cap
+    lowered to 256 bytes): float32 outputs show any lost digit.
+    """
+    from fuseaudit.kernels import _rows
+
+    from fuseaudit.case import Case
+
+    spec = OPS[op]
+    with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256):
+        for dtype, layout, n in (("float32", "padded", 1000), ("bfloat16", "transposed", 777),
+                                 ("float16", "contiguous", 130)):
+            case = Case(op=op, dtype=dtype, dims={"lead": (4,), "N": n}, regime=regime,
+                        layouts={name: layout for name in spec.input_names}, params=spec.defaults(), seed=n)
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
+
+
 @pytest.mark.parametrize("spec", [OPS["rms_norm"], OPS["softmax"]], ids=["rms_norm", "softmax"])
 @pytest.mark.parametrize("n", [11008, 14336])
 def test_uneven_rows_loop(spec, n, fuseaudit_device):
