@@ -297,10 +297,6 @@ class RowTuning(NamedTuple):
     # Rows that are not a power of two may be held whole as a power-of-two
     # block plus a smaller tail block (see RowBlocks, TailSplit); None: never.
     split_tail: TailSplit | None = None
-    # The looped kernel's block, in elements, at most half the cap; 0: half
-    # the cap.  A kernel whose loop keeps state per lane (layer_norm's
-    # Welford statistics) wants few elements a thread.
-    wide_block: int = 0
 
 
 class RowBlocks(NamedTuple):
@@ -363,9 +359,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
             per_program = max(INTERPRETER_TILE // (split.block_n + split.block_t), 1)
             split = split._replace(block_m=min(next_pow2(rows), per_program))
         return split
-    if wide:  # loop over the row in blocks of half the (unscaled) cap, or tuning.wide_block
-        block = max(next_pow2(cap) // 2, 1)
-        return RowBlocks(1, min(block, tuning.wide_block or block), tuning.wide_warps, True)
+    if wide:  # loop over the row in blocks of half the (unscaled) cap
+        return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True)
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)
     block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two

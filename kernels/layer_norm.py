@@ -39,17 +39,15 @@ Two kernels share the work:
   the switch; without it, a far-out x0 fails the tolerance policy.)
 * :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
   (twice that with a residual, see ``ADD_TUNING``).
-  Pass 1 loops over column blocks, and every lane keeps its own running
-  mean and sum of squared deviations ``M2`` (Welford's update, stable on
-  near-constant rows); after the loop the lanes merge with Chan et al.'s
-  parallel formula, which has no cancellation::
+  Pass 1 loops over column blocks; each block's mean and sum of squared
+  deviations ``M2`` are two-pass values (the block is in registers), and
+  blocks merge with Chan et al.'s parallel formula, which has no cancellation::
 
       n = n_a + n_b,  delta = mean_b - mean_a
       mean = mean_a + delta * n_b / n
       M2   = M2_a + M2_b + delta^2 * n_a * n_b / n
 
-  so the loop itself needs no reduction across threads (torch.compile's
-  looped layer_norm works this way too).  Pass 2 normalises, so the
+  (both running sums carry Kahan compensations).  Pass 2 normalises, so the
   row is read twice (the second read usually hits L2).
 
 Rows are addressed in place whatever the strides (see ``_rows.py``); the
@@ -79,11 +77,9 @@ from ._rows import (
     to_dtype,
 )
 
-# Whole rows: two reductions per row (one for most half-precision rows), at
-# most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
-# The looped kernel: blocks of 2048 with 16 warps, 4 elements a thread (its
-# per-lane statistics take 2 registers an element), as torch.compile does.
-TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=16, split_tail=TailSplit(), wide_block=2048)
+# Two reductions per row (one for most half-precision rows and in the looped kernel):
+# at most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
+TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail=TailSplit())
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
 ADD_TUNING = TUNING._replace(fused_scale=2)
 
@@ -95,15 +91,6 @@ ONE_PASS_RATIO = tl.constexpr(16.0)
 @triton.jit
 def _add_pair(a1, a2, b1, b2):
     return a1 + b1, a2 + b2
-
-
-@triton.jit
-def _chan_merge(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
-    """Merge two (mean, M2, count) summaries (Chan et al.): no cancellation, exact for equal means."""
-    n = n_a + n_b
-    share = tl.where(n > 0, tl.math.div_rn(n_b, tl.maximum(n, 1.0)), 0.0)
-    delta = mean_b - mean_a
-    return mean_a + delta * share, m2_a + m2_b + delta * delta * n_a * share, n
 
 
 @triton.jit
@@ -242,15 +229,15 @@ def layer_norm_wide_kernel(
     r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
     out = row.to(tl.int64) * N
 
-    # Pass 1: a running mean and M2 in every lane (Welford), merged across
-    # lanes once, after the loop (Chan).  Nothing in the loop crosses lanes,
-    # so it has no reduction and no barrier.  In block k (0-based) every lane
-    # in range has seen k + 1 elements, so the update's 1 / count is a scalar:
-    #     delta = x - mean;  mean += delta / (k + 1);  M2 += delta * (x - mean)
-    # The last block's lanes past N keep their values (and their count, k).
+    # Pass 1: mean and M2 block by block, merged with Chan's formula.
     # With a residual, h = x + residual is formed, rounded and stored here.
-    mean = tl.zeros([BLOCK_N], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # mean and M2 are running sums over the blocks: each keeps a Kahan
+    # compensation (what its roundings added), or on a near-constant row
+    # (mean >> std) the rounding of the mean at every block would pile up.
+    mean = tl.zeros([], dtype=tl.float32)
+    mean_c = tl.zeros([], dtype=tl.float32)
+    m2 = tl.zeros([], dtype=tl.float32)
+    m2_c = tl.zeros([], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
@@ -265,16 +252,24 @@ def layer_norm_wide_kernel(
         else:  # ask L2 to keep x for pass 2
             x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
             x = x.to(tl.float32)
-        k = start // BLOCK_N
-        delta = x - mean
-        new_mean = mean + delta * tl.math.div_rn(1.0, k + 1.0)
-        mean = tl.where(mask, new_mean, mean)
-        m2 = tl.where(mask, m2 + delta * (x - new_mean), m2)
-    # Lane j saw the columns j, j + BLOCK_N, ...: as many as fit below N.
-    lanes = tl.arange(0, BLOCK_N)
-    count = ((N - 1 - lanes) // BLOCK_N + 1).to(tl.float32)
-    mean, m2, count = tl.reduce((mean, m2, count), 0, _chan_merge)
-    var = tl.math.div_rn(m2, N * 1.0)
+        n_a = start * 1.0  # elements merged so far
+        n_b = tl.sum(mask.to(tl.float32), axis=0)  # elements in this block
+        mean_b = tl.math.div_rn(tl.sum(x, axis=0), n_b)
+        mean_b += tl.math.div_rn(tl.sum(tl.where(mask, x - mean_b, 0.0), axis=0), n_b)
+        xc = tl.where(mask, x - mean_b, 0.0)
+        m2_b = tl.sum(xc * xc, axis=0)
+        n = n_a + n_b
+        delta = (mean_b - mean) + mean_c  # mean_b minus the running mean
+        add = delta * tl.math.div_rn(n_b, n) - mean_c
+        total = mean + add
+        mean_c = (total - mean) - add
+        mean = total
+        add = m2_b + delta * delta * tl.math.div_rn(n_a * n_b, n) - m2_c
+        total = m2 + add
+        m2_c = (total - m2) - add
+        m2 = total
+    mean -= mean_c
+    var = tl.math.div_rn(m2 - m2_c, N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
 
     if HAS_RESIDUAL:

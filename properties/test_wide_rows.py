@@ -39,7 +39,7 @@ def test_wide_path(spec, data, fuseaudit_device):
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 @pytest.mark.parametrize("regime", ["near_constant", "large", "outliers"])
 def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
-    """The looped layer_norm's per-lane Welford statistics and their merge, on the hard value regimes.
+    """The looped layer_norm's block statistics and their merge (Chan's formula), on the hard value regimes.
 
     A constant offset ten times the row's spread (``near_constant``: the
     variance is a 1e-7 sliver of the mean square), magnitudes up to 2048,
