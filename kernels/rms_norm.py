@@ -71,6 +71,12 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, spli
 
 
 @triton.jit
+def _load_w(W, cols, N, swn):
+    """The weight for ``cols``, in its own dtype."""
+    return tl.load(W + cols * swn, mask=cols < N, other=0.0)
+
+
+@triton.jit
 def _store_y(Y, out_rows, cols, mask, x, rstd, w):
     """``y = x * rstd * w`` for a tile of rows x cols, rounded once, at the store."""
     y = x * rstd[:, None] * w.to(tl.float32)[None, :]
@@ -108,25 +114,25 @@ def rms_norm_kernel(
     mask = row_mask[:, None] & (cols < N)[None, :]
     x = load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL)
     if EARLY:  # the weight with the row: one wait for memory (see _rows.RowBlocks.early)
-        w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
+        w = _load_w(W, cols, N, swn)
     sum_sq = tl.sum(x * x, axis=1)
     if BLOCK_T > 0:
         t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
         t_mask = row_mask[:, None] & (t_cols < N)[None, :]
         xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
         if EARLY:
-            wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
+            wt = _load_w(W, t_cols, N, swn)
         sum_sq += tl.sum(xt * xt, axis=1)
     ms = tl.math.div_rn(sum_sq, N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
     # Many rows (not EARLY): the weight is loaded here, the tail's after the
     # block is stored; registers are worth more than the wait then.
     if not EARLY:
-        w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
+        w = _load_w(W, cols, N, swn)
     _store_y(Y, out_rows, cols, mask, x, rstd, w)
     if BLOCK_T > 0:
         if not EARLY:
-            wt = tl.load(W + t_cols * swn, mask=t_cols < N, other=0.0)
+            wt = _load_w(W, t_cols, N, swn)
         _store_y(Y, out_rows, t_cols, t_mask, xt, rstd, wt)
 
 
