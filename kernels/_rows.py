@@ -233,7 +233,8 @@ ROW_TILE = 2048
 # ... but only while the grid keeps at least this many programs.
 MIN_PROGRAMS = 1024
 MIN_WARPS = 4
-WIDE_WHOLE_ROW_WARPS = 32  # whole rows past MAX_FUSED_BYTES (RowTuning.fused_scale > 1)
+WIDE_WHOLE_ROW_WARPS = 32  # whole rows past MAX_FUSED_BYTES (RowTuning.fused_scale, float32_whole_from)
+FLOAT32_WHOLE_MAX = 32768  # see RowTuning.float32_whole_from: 32 float32 registers a thread in 32 warps
 # Triton's CPU interpreter pays per program, not per element: there, one
 # program takes as many rows as fit in this many elements.
 INTERPRETER_TILE = 1 << 20
@@ -297,6 +298,16 @@ class RowTuning(NamedTuple):
     # Rows that are not a power of two may be held whole as a power-of-two
     # block plus a smaller tail block (see RowBlocks, TailSplit); None: never.
     split_tail: TailSplit | None = None
+    # float32 rows whose power-of-two block is at least this many elements, up
+    # to FLOAT32_WHOLE_MAX, are held whole in WIDE_WHOLE_ROW_WARPS warps past
+    # the cap; 0: never.  The looped kernel reads such a row twice, and rows
+    # of 128 KiB no longer stay in L2 for the second read.  H200, float32,
+    # 16384 rows, looped -> whole (reports/h200/row-fp32-whole-session8.txt):
+    # N = 32768 rms_norm 1192 -> 1022 µs (torch.compile 1002), add_rms_norm
+    # 2380 -> 2067 (2144), layer_norm 1441 -> 1117 (1122), add_layer_norm
+    # 2663 -> 2243 (2219); N = 16384 layer_norm 652 -> 596, but rms_norm
+    # 505 -> 541 and softmax lost at both widths (1372 -> 1592 at 32768).
+    float32_whole_from: int = 0
 
 
 class RowBlocks(NamedTuple):
@@ -348,6 +359,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     cap = max(max_fused_bytes // element_size, 1)
     block_n = next_pow2(n)
     wide = block_n > cap * tuning.fused_scale
+    if element_size == 4 and 0 < tuning.float32_whole_from <= block_n <= FLOAT32_WHOLE_MAX:
+        wide = False
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
         return RowBlocks(1, tuning.uneven_block, tuning.uneven_warps, True)
     # A split may keep whole a row that "wide" would loop over.  It pays when

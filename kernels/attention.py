@@ -67,8 +67,18 @@ base and strides, half precision, ``D = 128``), prefill passes them as 4-D
 tensor descriptors and each key tile arrives by one bulk tensor copy (TMA)
 instead of ``BLOCK_N * D`` computed addresses; keys past ``Sk`` arrive as
 zeros and are masked as before.  Anything else takes the pointer loads.
-Triton's automatic warp specialisation of this loop was tried on the H200
-(Triton 3.6) and crashed the compiler, so it is not used.
+
+Warp specialisation (Hopper, Triton 3.5 and later)
+--------------------------------------------------
+Non-causal prefill at ``D = 128`` in half precision, with q, k and v readable
+by the copy engine, runs ``_attention_ws_kernel`` instead: the same online
+softmax with the row block split in two halves, each with its own
+``(acc, l, m)``, and the key loop marked ``warp_specialize``, so that the
+compiler gives each half to a consumer warpgroup and the bulk copies to a
+producer warp, and one half's softmax runs while the other's matrix products
+do.  That kernel is written around what Triton 3.6's specialisation accepts
+(see its docstring); causal attention stays on the kernel above, as its
+masks came out wrong inside the specialised loop.
 """
 
 from __future__ import annotations
@@ -126,6 +136,96 @@ def _round_to(x, dtype: tl.constexpr, INTERP_BF16: tl.constexpr):
 
 
 @triton.jit
+def _row_offsets(b64, head, q_pos, stride_b, stride_h, stride_m):
+    """Element offsets of packed rows (query position ``q_pos`` of head ``head``) in int64."""
+    return b64 * stride_b + head.to(tl.int64) * stride_h + q_pos.to(tl.int64) * stride_m
+
+
+@triton.jit
+def _load_q(
+    Q, b64, hkv, rows, Sq, stride_qb, stride_qh, stride_qm, stride_qd, offs_d, d_mask,
+    GROUP: tl.constexpr, NEGATE_Q: tl.constexpr,
+):
+    """The Q block of packed ``rows``: ``(q, q_pos, head, row_ok)``.
+
+    Row ``r`` is query position ``r // GROUP`` of query head
+    ``hkv * GROUP + r % GROUP``; rows past ``Sq`` load zeros.
+    """
+    q_pos = rows // GROUP
+    head = hkv * GROUP + rows % GROUP
+    row_ok = q_pos < Sq
+    q_rows = _row_offsets(b64, head, q_pos, stride_qb, stride_qh, stride_qm)
+    q = tl.load(
+        Q + q_rows[:, None] + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if NEGATE_Q:
+        # a negative scale: q.k * scale = (-q).k * |scale|; negation is exact
+        # (through fp32, as the interpreter cannot negate bfloat16)
+        q = (-q.to(tl.float32)).to(Q.dtype.element_ty)
+    return q, q_pos, head, row_ok
+
+
+@triton.jit
+def _key_range(pid_m, Sq, Sk, CAUSAL: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    """Keys ``[0, hi)`` that row block ``pid_m`` sees, of which ``[0, full_end)`` need no mask.
+
+    ``full_end`` is a multiple of ``BLOCK_N``: the whole tiles every row sees
+    (causal: those left of the block's first row).
+    """
+    if CAUSAL:
+        first_pos = (pid_m * BLOCK_M) // GROUP
+        last_pos = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, Sq - 1)
+        hi = tl.minimum(last_pos + 1, Sk)  # keys j <= last_pos
+        full_end = (tl.minimum(first_pos + 1, Sk) // BLOCK_N) * BLOCK_N
+    else:
+        hi = Sk
+        full_end = (Sk // BLOCK_N) * BLOCK_N
+    return hi, full_end
+
+
+@triton.jit
+def _normalised(acc, l_i, dtype: tl.constexpr, INTERP_BF16: tl.constexpr):
+    """``acc / l`` rounded to ``dtype``; a row that saw no key (``l = 0``) gives 0."""
+    l_i = tl.where(l_i == 0.0, 1.0, l_i)
+    return _round_to(acc / l_i[:, None], dtype, INTERP_BF16)
+
+
+@triton.jit
+def _softmax_tile(qk, m_i, l_i, keys, q_pos, Sk, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """The online-softmax step of one key tile: raw scores ``qk`` -> ``(p, alpha, l, m)``.
+
+    ``p = 2 ** (qk * qk_scale - m_new)`` (fp32, masked keys 0), ``alpha``
+    rescales what was summed so far, ``l`` already includes this tile.
+    With ``MASKED`` false every key of the tile is valid for every row.
+    """
+    if MASKED:
+        keep = (keys < Sk)[None, :]
+        if CAUSAL:
+            keep = keep & (keys[None, :] <= q_pos[:, None])
+        s = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row with no key yet (only possible in a split-K chunk right of
+        # its diagonal) keeps m = -inf; subtract 0 there, not -inf - -inf
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        # qk_scale >= 0, so the max can be scaled instead of every score
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_ref = m_new
+    # qk * scale - m rounded once (an fma, as the GPU compiler would fuse it
+    # anyway): its error is relative to the small difference, not to |s|
+    s = tl.fma(qk, qk_scale, -m_ref[:, None])
+    if MASKED:
+        s = tl.where(keep, s, float("-inf"))
+    p = tl.math.exp2(s)
+    alpha = tl.math.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
 def _attend_key_tiles(
     acc, l_i, m_i, q, q_pos,
     k_base, v_base, k_offs, v_offs, d_mask, b, hkv,
@@ -159,8 +259,6 @@ def _attend_key_tiles(
         if USE_DESC:
             # one bulk tensor copy per tile; the leading unit dims are (b, hkv)
             k = k_base.load([b, hkv, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
-            if MASKED:
-                key_ok = keys < Sk
         elif MASKED:
             key_ok = keys < Sk
             k = tl.load(k_ptrs, mask=key_ok[:, None] & d_mask[None, :], other=0.0)
@@ -169,30 +267,7 @@ def _attend_key_tiles(
         else:
             k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
         qk = _mma(q, tl.trans(k), None, DOT_PRECISION, INTERP_BF16)
-        # -- online softmax ----------------------------------------------------
-        if MASKED:
-            keep = key_ok[None, :]
-            if CAUSAL:
-                keep = keep & (keys[None, :] <= q_pos[:, None])
-            s = tl.where(keep, qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-        else:
-            # qk_scale >= 0, so the max can be scaled instead of every score
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        if MASKED:
-            # a row with no key yet (only possible in a split-K chunk right of
-            # its diagonal) keeps m = -inf; subtract 0 there, not -inf - -inf
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_ref = m_new
-        # qk * scale - m rounded once (an fma, as the GPU compiler would fuse it
-        # anyway): its error is relative to the small difference, not to |s|
-        s = tl.fma(qk, qk_scale, -m_ref[:, None])
-        if MASKED:
-            s = tl.where(keep, s, float("-inf"))
-        p = tl.math.exp2(s)
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, l_i, m_new = _softmax_tile(qk, m_i, l_i, keys, q_pos, Sk, qk_scale, MASKED, CAUSAL)
         # -- acc = acc * alpha + P V ------------------------------------------
         if USE_DESC:
             v = v_base.load([b, hkv, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
@@ -280,22 +355,11 @@ def _attention_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     rows = pid_m * BLOCK_M + offs_m
-    q_pos = rows // GROUP  # query position of each row
-    head = hkv * GROUP + rows % GROUP  # query head of each row
-    row_ok = q_pos < Sq
-
-    # -- load the Q block once: (BLOCK_M, BLOCK_D) ------------------------------
     b64 = b.to(tl.int64)
-    q_rows = b64 * stride_qb + head.to(tl.int64) * stride_qh + q_pos.to(tl.int64) * stride_qm
-    q = tl.load(
-        Q + q_rows[:, None] + offs_d[None, :] * stride_qd,
-        mask=row_ok[:, None] & d_mask[None, :],
-        other=0.0,
+    q, q_pos, head, row_ok = _load_q(
+        Q, b64, hkv, rows, Sq, stride_qb, stride_qh, stride_qm, stride_qd, offs_d, d_mask,
+        GROUP, NEGATE_Q,
     )
-    if NEGATE_Q:
-        # a negative scale: q.k * scale = (-q).k * |scale|; negation is exact
-        # (through fp32, as the interpreter cannot negate bfloat16)
-        q = (-q.to(tl.float32)).to(Q.dtype.element_ty)
     if USE_DESC:
         # K and V are tensor descriptors: the copy engine computes the addresses
         k_base = K
@@ -309,14 +373,7 @@ def _attention_fwd_kernel(
         v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
     # -- the key range: [0, hi), of which [0, full_end) needs no mask ---------
-    if CAUSAL:
-        first_pos = (pid_m * BLOCK_M) // GROUP
-        last_pos = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, Sq - 1)
-        hi = tl.minimum(last_pos + 1, Sk)  # keys j <= last_pos
-        full_end = (tl.minimum(first_pos + 1, Sk) // BLOCK_N) * BLOCK_N
-    else:
-        hi = Sk
-        full_end = (Sk // BLOCK_N) * BLOCK_N
+    hi, full_end = _key_range(pid_m, Sq, Sk, CAUSAL, GROUP, BLOCK_M, BLOCK_N)
     # this program's chunk of it (split_len is a multiple of BLOCK_N)
     lo = split * split_len
     hi = tl.minimum(hi, lo + split_len)
@@ -338,10 +395,8 @@ def _attention_fwd_kernel(
         True, CAUSAL, EVEN_D, USE_DESC, DOT_PRECISION, INTERP_BF16, BLOCK_N, BLOCK_D,
     )
 
-    o_ptrs = (
-        Out + (b64 * stride_ob + head.to(tl.int64) * stride_oh + q_pos.to(tl.int64) * stride_om)[:, None]
-        + offs_d[None, :] * stride_od
-    )
+    o_rows = _row_offsets(b64, head, q_pos, stride_ob, stride_oh, stride_om)
+    o_ptrs = Out + o_rows[:, None] + offs_d[None, :] * stride_od
     o_mask = row_ok[:, None] & d_mask[None, :]
     if SPLIT:
         # -- publish this chunk's partial result ------------------------------
@@ -359,12 +414,105 @@ def _attention_fwd_kernel(
         if done == num_splits - 1:
             # the last chunk to finish merges all of them, then re-arms the lock
             acc, l_i = _merge_splits(Opart, Mpart, Lpart, part0, num_splits, BLOCK_M, BLOCK_D)
-            l_i = tl.where(l_i == 0.0, 1.0, l_i)
-            tl.store(o_ptrs, _round_to(acc / l_i[:, None], Out.dtype.element_ty, INTERP_BF16), mask=o_mask)
+            tl.store(o_ptrs, _normalised(acc, l_i, Out.dtype.element_ty, INTERP_BF16), mask=o_mask)
             tl.atomic_xchg(Locks + block, 0)
     else:
-        l_i = tl.where(l_i == 0.0, 1.0, l_i)  # no key seen (Sk == 0): output 0
-        tl.store(o_ptrs, _round_to(acc / l_i[:, None], Out.dtype.element_ty, INTERP_BF16), mask=o_mask)
+        tl.store(o_ptrs, _normalised(acc, l_i, Out.dtype.element_ty, INTERP_BF16), mask=o_mask)
+
+
+@triton.jit
+def _fold_tile(acc, l_i, m_i, q, k, v, keys, q_pos, Sk, qk_scale,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, INTERP_BF16: tl.constexpr):
+    """``(acc, l, m)`` after one ``(BLOCK_N, D)`` tile of keys ``k`` and values ``v``."""
+    qk = _mma(q, tl.trans(k), None, "tf32", INTERP_BF16)
+    p, alpha, l_i, m_new = _softmax_tile(qk, m_i, l_i, keys, q_pos, Sk, qk_scale, MASKED, CAUSAL)
+    acc = acc * alpha[:, None]
+    acc = _mma(_round_to(p, v.dtype, INTERP_BF16), v, acc, "tf32", INTERP_BF16)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attention_ws_kernel(
+    Q, K, V, Out,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    Sq, Sk, qk_scale,
+    ROWS_BUCKET, KEYS_BUCKET,  # autotune keys only (rounded sizes)
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, NEGATE_Q: tl.constexpr,
+    MASKED: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, INTERP_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Non-causal prefill on Hopper: ``BLOCK_M`` query rows of one head as two halves, warp-specialised.
+
+    The same online softmax as ``_attention_fwd_kernel``, written the way
+    Triton's automatic warp specialisation on Hopper (3.5 and later) takes
+    it: each half of the row block keeps its own ``(acc, l, m)`` (the
+    compiler gives each half to one consumer warpgroup while a producer warp
+    issues the bulk tensor copies); Q, K, V and the output are tensor
+    descriptors made here, on the device, for this program's ``(b, head)``
+    and ``(b, head // GROUP)`` (rows and keys past ``Sq`` and ``Sk`` read as
+    zeros, output rows past ``Sq`` are not written); and there is a single key
+    loop.  With Triton 3.6 a second loop, a branch inside the loop or Q read
+    through pointers made the compiler fail or drop the specialisation, and
+    pointer stores of the output came out wrong, so the ragged last tile
+    cannot have a loop of its own: with ``MASKED`` (``Sk`` not a multiple of
+    128) every tile takes the key mask.  Grouped-query heads are not packed
+    into rows here: each query head has its own programs and K/V tiles are
+    read once per query head, from L2 mostly.  Half precision, ``D`` a power
+    of two, q, k and v with unit stride in ``D`` and 16-byte aligned (the
+    host checks).  Grid: ``(cdiv(Sq, BLOCK_M), H, B)``.
+    """
+    HALF: tl.constexpr = BLOCK_M // 2
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    b64 = b.to(tl.int64)
+    hkv64 = (h // GROUP).to(tl.int64)
+    q_desc = tl.make_tensor_descriptor(
+        Q + (b64 * stride_qb + h.to(tl.int64) * stride_qh), shape=[Sq, HEAD_DIM], strides=[stride_qm, 1],
+        block_shape=[HALF, HEAD_DIM],
+    )
+    k_desc = tl.make_tensor_descriptor(
+        K + (b64 * stride_kb + hkv64 * stride_kh), shape=[Sk, HEAD_DIM], strides=[stride_kn, 1],
+        block_shape=[BLOCK_N, HEAD_DIM],
+    )
+    v_desc = tl.make_tensor_descriptor(
+        V + (b64 * stride_vb + hkv64 * stride_vh), shape=[Sk, HEAD_DIM], strides=[stride_vn, 1],
+        block_shape=[BLOCK_N, HEAD_DIM],
+    )
+    q0 = q_desc.load([pid_m * BLOCK_M, 0])
+    q1 = q_desc.load([pid_m * BLOCK_M + HALF, 0])
+    if NEGATE_Q:
+        # a negative scale: q.k * scale = (-q).k * |scale|; negation is exact
+        q0 = (-q0.to(tl.float32)).to(Q.dtype.element_ty)
+        q1 = (-q1.to(tl.float32)).to(Q.dtype.element_ty)
+    offs_n = tl.arange(0, BLOCK_N)
+    m0 = tl.full([HALF], float("-inf"), dtype=tl.float32)
+    l0 = tl.zeros([HALF], dtype=tl.float32)
+    acc0 = tl.zeros([HALF, HEAD_DIM], dtype=tl.float32)
+    m1 = tl.full([HALF], float("-inf"), dtype=tl.float32)
+    l1 = tl.zeros([HALF], dtype=tl.float32)
+    acc1 = tl.zeros([HALF, HEAD_DIM], dtype=tl.float32)
+
+    for start_n in tl.range(0, Sk, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
+        keys = start_n + offs_n
+        acc0, l0, m0 = _fold_tile(acc0, l0, m0, q0, k, v, keys, 0, Sk, qk_scale, MASKED, False, INTERP_BF16)
+        acc1, l1, m1 = _fold_tile(acc1, l1, m1, q1, k, v, keys, 0, Sk, qk_scale, MASKED, False, INTERP_BF16)
+
+    # the output through a descriptor as well: pointer stores after the
+    # specialised loop came out wrong on the H200 (Triton 3.6); rows past Sq
+    # are not written
+    out_ty = Out.dtype.element_ty
+    o_desc = tl.make_tensor_descriptor(
+        Out + (b64 * stride_ob + h.to(tl.int64) * stride_oh), shape=[Sq, HEAD_DIM], strides=[stride_om, 1],
+        block_shape=[HALF, HEAD_DIM],
+    )
+    o_desc.store([pid_m * BLOCK_M, 0], _normalised(acc0, l0, out_ty, INTERP_BF16))
+    o_desc.store([pid_m * BLOCK_M + HALF, 0], _normalised(acc1, l1, out_ty, INTERP_BF16))
 
 
 # ----------------------------------------------------------------------------
@@ -375,7 +523,8 @@ _TUNE_KEY = ["HEAD_DIM", "GROUP", "CAUSAL", "SPLIT", "ROWS_BUCKET", "KEYS_BUCKET
 
 # Two blocks on each SM, so that one block's softmax runs while the other's
 # tensor-core work does (Triton cannot overlap them inside one block without
-# warp specialisation, which crashed its compiler on this kernel): 128 x 64
+# warp specialisation, which Triton 3.6 fails to compile for this kernel; the
+# non-causal case has _attention_ws_kernel for that): 128 x 64
 # tiles in 2 stages (96 KiB of shared memory) with one warpgroup per block, or
 # with two warpgroups capped at 128 registers a thread (146 uncapped: one block
 # per SM).  (BLOCK_M, BLOCK_N, warps, stages, maxnreg); offered from
@@ -483,6 +632,24 @@ _attention_decode = triton.autotune(
     configs=_DECODE_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune}
 )(_attention_fwd_kernel)
 
+# Hopper non-causal prefill with warp specialisation (``_attention_ws_kernel``):
+# BLOCK_M rows as two halves of BLOCK_M // 2, one warpgroup each.  Two stages is what
+# fits shared memory with 128-key tiles; three stages gave wrong results (NaN)
+# in two 64-key configs with Triton 3.6 and are not offered.
+_WS_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=4, num_stages=2)
+    for bm, bn in ((256, 128), (256, 64), (128, 128))
+]
+_attention_ws = triton.autotune(
+    configs=_WS_CONFIGS, key=["HEAD_DIM", "GROUP", "MASKED", "ROWS_BUCKET", "KEYS_BUCKET"]
+)(_attention_ws_kernel)
+# Head dim of the warp-specialised path (what was measured; see _use_warp_specialize).
+WS_HEAD_DIM = 128
+# Fewer query rows than this leave a consumer warpgroup idle: the other kernel.
+WS_MIN_QUERIES = 128
+_INTERP_WS_BLOCK_M = 32  # two halves of 16 rows, the smallest tl.dot takes
+_WS_EVEN_KEYS = 128  # key tiles of every ws config divide this: Sk a multiple needs no key mask
+
 # Interpreter: one small config, so that CPU runs stay quick.
 _INTERP_BLOCK_M = 16
 _INTERP_BLOCK_N = 16
@@ -561,21 +728,25 @@ def _num_splits(
     return triton.cdiv(keys, chunk), chunk
 
 
-def _descriptor(t: torch.Tensor, block_d: int) -> TensorDescriptor | None:
-    """A tensor descriptor of ``(B, Hkv, Sk, D)`` k or v, or ``None`` where the copy engine cannot read it.
+def _tma_compatible(t: torch.Tensor, block_d: int) -> bool:
+    """Whether the copy engine can read ``(B, Hkv, Sk, D)`` k or v in ``(keys, D)`` tiles.
 
     The bulk tensor copy needs a 16-byte aligned base, 16-byte multiples for
     every stride but the last, unit stride in ``D`` and ``D`` a whole tile.
     """
     elt = t.element_size()
-    if (
-        TensorDescriptor is None
-        or t.shape[-1] != block_d
+    return not (
+        t.shape[-1] != block_d
         or t.stride(-1) != 1
         or t.data_ptr() % 16
         or any(s * elt % 16 for s in t.stride()[:-1])
         or 0 in t.shape
-    ):
+    )
+
+
+def _descriptor(t: torch.Tensor, block_d: int) -> TensorDescriptor | None:
+    """A host tensor descriptor of ``(B, Hkv, Sk, D)`` k or v, or ``None`` where the copy engine cannot read it."""
+    if TensorDescriptor is None or not _tma_compatible(t, block_d):
         return None
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, block_d])
 
@@ -594,6 +765,100 @@ def _use_descriptors(q: torch.Tensor, decode: bool, interp: bool) -> bool:
     if os.environ.get("FUSEAUDIT_ATTENTION_TMA", "1") == "0":
         return False
     return interp or torch.cuda.get_device_capability(q.device)[0] >= 9
+
+
+def _hopper_warp_specialization() -> bool:
+    """Whether this Triton warp-specialises attention loops on Hopper (3.5 and later).
+
+    Triton 3.4 has the ``warp_specialize`` loop option for Blackwell only.
+    """
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return (major, minor) >= (3, 5) and hasattr(tl, "make_tensor_descriptor")
+
+
+def _use_warp_specialize(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool, interp: bool, *, causal: bool
+) -> bool:
+    """Non-causal prefill through ``_attention_ws_kernel``: half precision, ``D = 128``, Hopper.
+
+    q, k and v must be readable by the copy engine, and there must be at
+    least ``WS_MIN_QUERIES`` queries.  Measured on the H200 (``fuseaudit
+    bench``, 32 heads, ``reports/h200/bench-attention-*-session8``): bf16
+    B x S = 4 x 4096 1808.6 µs against 2132.6 for the other kernel in the
+    sixth session (S = 2048: 1009.4 vs 1150.0, 16384: 6824.9 vs 8002.6), fp16
+    alike; in one process (``attention-ws-firstcut-session8.txt`` for the
+    other kernel, ``attention-ws-experiments-session8.txt``) 513 against 582
+    TFLOP/s at S = 4096.  Only on Hopper (compute capability 9.x), where it
+    was measured; under the interpreter too, so that CPU tests cover the
+    kernel.  ``FUSEAUDIT_ATTENTION_WS=0`` turns it off.
+    """
+    if decode or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] != WS_HEAD_DIM:
+        return False
+    if causal:
+        # with the causal mask in the specialised loop a quarter of the rows
+        # came out wrong on the H200 (Triton 3.6; the interpreter computes
+        # them right), so causal attention keeps the other kernel
+        return False
+    if q.shape[2] < (_INTERP_WS_BLOCK_M if interp else WS_MIN_QUERIES):
+        return False
+    if os.environ.get("FUSEAUDIT_ATTENTION_WS", "1") == "0":
+        return False
+    if not all(_tma_compatible(t, WS_HEAD_DIM) for t in (q, k, v)):
+        return False
+    if interp:
+        return hasattr(tl, "make_tensor_descriptor")
+    return torch.cuda.get_device_capability(q.device)[0] == 9 and _hopper_warp_specialization()
+
+
+def _scratch_allocator(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global scratch for on-device tensor descriptors (Triton asks for it at each launch)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Give Triton an allocator for on-device tensor descriptors unless the caller set one.
+
+    Triton keeps the allocator in a context variable, so a thread that never
+    set one (a worker thread, say) sees none: checked at every call.
+    """
+    try:
+        from triton.runtime._allocation import NullAllocator, _allocator
+    except ImportError:  # a Triton without the context variable: set ours
+        triton.set_allocator(_scratch_allocator)
+        return
+    if isinstance(_allocator.get(), NullAllocator):
+        triton.set_allocator(_scratch_allocator)
+
+
+def _launch_ws(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, *,
+    scale: float, config: triton.Config | None, interp: bool,
+) -> None:
+    """Run ``_attention_ws_kernel`` (non-causal) into ``out``: autotuned, or one given config."""
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    keys = Sk
+    args = (
+        q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        Sq, Sk, abs(scale) * LOG2E, next_pow2(max(Sq, 16)), next_pow2(max(keys, 16)),
+    )
+    meta = dict(
+        HEAD_DIM=D, GROUP=H // Hkv, NEGATE_Q=scale < 0, MASKED=Sk % _WS_EVEN_KEYS != 0, WARP_SPECIALIZE=True,
+        INTERP_BF16=interp and q.dtype == torch.bfloat16,
+    )
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        return (triton.cdiv(Sq, meta["BLOCK_M"]), H, B)
+
+    if interp:
+        _attention_ws_kernel[grid](*args, **meta, BLOCK_M=_INTERP_WS_BLOCK_M, BLOCK_N=_INTERP_BLOCK_N)
+        return
+    _ensure_allocator()
+    if config is not None or os.environ.get("FUSEAUDIT_AUTOTUNE", "1") == "0":
+        cfg = config or _WS_CONFIGS[0]
+        _attention_ws_kernel[grid](*args, **meta, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        _attention_ws[grid](*args, **meta)
 
 
 def attention(
@@ -643,6 +908,17 @@ def attention_with_config(
     interp = interpreting()
     decode = rows <= DECODE_MAX_ROWS
     block_m = max(16, next_pow2(rows)) if decode else _INTERP_BLOCK_M if interp else None
+
+    ws_config = config is not None and any(config is c for c in _WS_CONFIGS)
+    use_ws = _use_warp_specialize(q, k, v, decode, interp, causal=bool(causal))
+    if ws_config and not use_ws:
+        raise ValueError(
+            "attention: a warp-specialised config needs non-causal half-precision prefill at D = 128 "
+            "with q, k, v the copy engine can read, on Hopper"
+        )
+    if ws_config or (config is None and use_ws):
+        _launch_ws(q, k, v, out, scale=scale, config=config, interp=interp)
+        return out
 
     num_splits, split_len = 1, max(Sk, 1)
     if decode and keys > 0:

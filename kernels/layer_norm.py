@@ -79,7 +79,8 @@ from ._rows import (
 
 # Two reductions per row (one for most half-precision rows and in the looped kernel):
 # at most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
-TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail=TailSplit())
+# float32 rows of 16384 and 32768 are held whole (see RowTuning.float32_whole_from).
+TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail=TailSplit(), float32_whole_from=16384)
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
 ADD_TUNING = TUNING._replace(fused_scale=2)
 

@@ -47,6 +47,30 @@ def test_every_config(fuseaudit_device, dtype, head_dim):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.fuseaudit_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_warp_specialized_config(fuseaudit_device, dtype):
+    """Each config of the Hopper warp-specialised kernel (non-causal), ragged and grouped-query (GPU)."""
+    import torch
+    from fuseaudit.kernels import attention as attn
+
+    if torch.cuda.get_device_capability()[0] != 9 or not attn._hopper_warp_specialization():
+        pytest.skip("the warp-specialised path is for Hopper with Triton >= 3.5")
+    spec = OPS["attention"]
+    failures = []
+    for config in attn._WS_CONFIGS:
+        for sq, sk in ((333, 517), (517, 333), (256, 512)):
+            # q and k broadcast over the batch (stride 0), v contiguous: all readable by the copy engine
+            case = Case("attention", dtype, {"B": 2, "H": 8, "Hkv": 2, "Sq": sq, "Sk": sk, "D": 128},
+                        {"q": "expanded", "k": "expanded", "v": "contiguous"}, "normal",
+                        {"causal": False, "scale": None}, seed=7)
+            impl = functools.partial(attn.attention_with_config, config=config)
+            report = run_case(spec, impl, case, device=fuseaudit_device, target=f"attention[{config}]")
+            if not report.passed:
+                failures.append(f"{config} Sq={sq} Sk={sk}: {report.failures[0].message}")
+    assert not failures, "\n".join(failures)
+
+
 def test_configs_offered_per_shape():
     import torch
     from fuseaudit.kernels import attention as attn

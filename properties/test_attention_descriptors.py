@@ -25,6 +25,7 @@ def _qkv(device: str, *, offset: int = 0, dtype: torch.dtype = torch.bfloat16, d
 def _both(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
           monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor]:
     monkeypatch.setenv("FUSEAUDIT_AUTOTUNE", "0")  # one config for both paths
+    monkeypatch.setenv("FUSEAUDIT_ATTENTION_WS", "0")  # the kernel these two paths share
     monkeypatch.setenv("FUSEAUDIT_ATTENTION_TMA", "1")
     with_desc = attn.attention(q, k, v, causal=causal)
     monkeypatch.setenv("FUSEAUDIT_ATTENTION_TMA", "0")
@@ -50,3 +51,56 @@ def test_misaligned_and_other_head_dims_keep_pointer_loads(fuseaudit_device: str
     assert not attn._use_descriptors(q64, False, True), "D = 64 measured faster with pointer loads"
     assert not attn._use_descriptors(q.float(), False, True), "float32 keeps pointer loads"
     assert not attn._use_descriptors(q, True, True), "decoding keeps pointer loads"
+
+
+@pytest.mark.parametrize("sk", [45, 256])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_warp_specialized_path(fuseaudit_device: str, sk: int, dtype: str) -> None:
+    """Hopper's warp-specialised kernel (two half blocks, on-device descriptors) against float64.
+
+    Non-causal only; ``Sk`` ragged (every tile masked) or a multiple of 128 (no masks).
+
+    The interpreter runs the same kernel, so the CPU checks its arithmetic;
+    the GPU run checks what the compiler made of it.
+    """
+    from fuseaudit.kernels._rows import interpreting
+
+    from fuseaudit.case import Case, materialize
+    from fuseaudit.catalog import OPS
+    from fuseaudit.check import run_case
+
+    if fuseaudit_device != "cpu" and (
+        torch.cuda.get_device_capability()[0] != 9 or not attn._hopper_warp_specialization()
+    ):
+        pytest.skip("the warp-specialised path is for Hopper with Triton >= 3.5")
+    sq = 37 if fuseaudit_device == "cpu" else 333
+    case = Case("attention", dtype, {"B": 2, "H": 4, "Hkv": 2, "Sq": sq, "Sk": sk, "D": 128},
+                {"q": "contiguous", "k": "expanded", "v": "contiguous"}, "normal",
+                {"causal": False, "scale": None}, seed=5)
+    q, k, v = (t for t in materialize(case, fuseaudit_device).values())
+    assert attn._use_warp_specialize(q, k, v, False, interpreting(), causal=False), "this case must take the path"
+    report = run_case(OPS["attention"], attn.attention, case, device=fuseaudit_device, target="attention[ws]")
+    assert report.passed, report.failures[0].message
+
+
+def test_warp_specialized_path_is_chosen_where_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half precision, D = 128, non-causal prefill, q/k/v the copy engine reads; elsewhere a ws config is an error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the check below reaches the launch only under the interpreter
+    q, k, v = _qkv("cpu")
+    assert attn._use_warp_specialize(q, k, v, False, True, causal=False)
+    assert not attn._use_warp_specialize(q, k, v, False, True, causal=True), "causal keeps the other kernel"
+    assert not attn._use_warp_specialize(q, k, v, True, True, causal=False), "decoding keeps the split-K kernel"
+    assert not attn._use_warp_specialize(q[:, :, :8], k, v, False, True, causal=False), "fewer rows than a block"
+    assert not attn._use_warp_specialize(q.float(), k.float(), v.float(), False, True, causal=False)
+    q64, k64, v64 = _qkv("cpu", d=64)
+    assert not attn._use_warp_specialize(q64, k64, v64, False, True, causal=False), "measured at D = 128 only"
+    _, k_off, v_off = _qkv("cpu", offset=1)
+    assert not attn._use_warp_specialize(q, k_off, v_off, False, True, causal=False), "misaligned k/v"
+    with pytest.raises(ValueError, match="warp-specialised config"):
+        attn.attention_with_config(q, k, v, causal=True, config=attn._WS_CONFIGS[0])
+
+
+def test_warp_specialized_path_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, k, v = _qkv("cpu")
+    monkeypatch.setenv("FUSEAUDIT_ATTENTION_WS", "0")
+    assert not attn._use_warp_specialize(q, k, v, False, True, causal=False)

@@ -247,3 +247,30 @@ def test_one_leading_dim_folds_to_the_front():
     y = x[:, :3]  # rows 0..2 of each group of 4: the two leading dims no longer merge
     assert row_layout(y.shape, y).dims == (6, 3, 1)
     assert row_layout(y.shape, y).strides == ((40, 10, 0, 1),)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax"])
+def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
+    """float32 rows whose block reaches ``float32_whole_from`` are held whole in 32 warps, up to 32768.
+
+    Past that, and for softmax, they loop.  A padded, strided row of 20000
+    (block 32768) goes through whichever path the rules pick, against float64.
+    """
+    from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
+
+    from fuseaudit.case import Case
+
+    spec = OPS[op]
+    tuning = {"rms_norm": rms_norm.TUNING, "add_rms_norm": rms_norm.ADD_TUNING, "layer_norm": layer_norm.TUNING,
+              "add_layer_norm": layer_norm.ADD_TUNING, "softmax": softmax.TUNING}[op]
+    whole = _rows.row_block_config(16384, 20000, 4, tuning)
+    assert whole.wide == (op == "softmax"), "the norms hold float32 rows of 20000 whole, softmax loops"
+    if not whole.wide:
+        assert (whole.block_n, whole.num_warps) == (32768, _rows.WIDE_WHOLE_ROW_WARPS)
+    assert _rows.row_block_config(16384, 40000, 4, tuning).wide, "past FLOAT32_WHOLE_MAX the rows loop"
+    without = tuning._replace(float32_whole_from=0)
+    assert _rows.row_block_config(16384, 20000, 2, tuning) == _rows.row_block_config(16384, 20000, 2, without), \
+        "half precision keeps its own rules"
+    case = Case(op=op, dtype="float32", dims={"lead": (3,), "N": 20000}, regime="normal",
+                layouts={name: "padded" for name in spec.input_names}, params=spec.defaults(), seed=3)
+    run_case(spec, spec.load_reference(), case, device=fuseaudit_device, target=spec.reference).raise_for_failures()
