@@ -136,6 +136,15 @@ def _round_to(x, dtype: tl.constexpr, INTERP_BF16: tl.constexpr):
 
 
 @triton.jit
+def _negated(q):
+    """``-q`` in q's dtype, exactly (through fp32, as the interpreter cannot negate bfloat16).
+
+    A negative scale is applied as ``q.k * scale = (-q).k * |scale|``.
+    """
+    return (-q.to(tl.float32)).to(q.dtype)
+
+
+@triton.jit
 def _row_offsets(b64, head, q_pos, stride_b, stride_h, stride_m):
     """Element offsets of packed rows (query position ``q_pos`` of head ``head``) in int64."""
     return b64 * stride_b + head.to(tl.int64) * stride_h + q_pos.to(tl.int64) * stride_m
@@ -161,9 +170,7 @@ def _load_q(
         other=0.0,
     )
     if NEGATE_Q:
-        # a negative scale: q.k * scale = (-q).k * |scale|; negation is exact
-        # (through fp32, as the interpreter cannot negate bfloat16)
-        q = (-q.to(tl.float32)).to(Q.dtype.element_ty)
+        q = _negated(q)
     return q, q_pos, head, row_ok
 
 
@@ -485,9 +492,8 @@ def _attention_ws_kernel(
     q0 = q_desc.load([pid_m * BLOCK_M, 0])
     q1 = q_desc.load([pid_m * BLOCK_M + HALF, 0])
     if NEGATE_Q:
-        # a negative scale: q.k * scale = (-q).k * |scale|; negation is exact
-        q0 = (-q0.to(tl.float32)).to(Q.dtype.element_ty)
-        q1 = (-q1.to(tl.float32)).to(Q.dtype.element_ty)
+        q0 = _negated(q0)
+        q1 = _negated(q1)
     offs_n = tl.arange(0, BLOCK_N)
     m0 = tl.full([HALF], float("-inf"), dtype=tl.float32)
     l0 = tl.zeros([HALF], dtype=tl.float32)
@@ -767,6 +773,7 @@ def _use_descriptors(q: torch.Tensor, decode: bool, interp: bool) -> bool:
     return interp or torch.cuda.get_device_capability(q.device)[0] >= 9
 
 
+@functools.cache
 def _hopper_warp_specialization() -> bool:
     """Whether this Triton warp-specialises attention loops on Hopper (3.5 and later).
 
@@ -910,7 +917,7 @@ def attention_with_config(
     block_m = max(16, next_pow2(rows)) if decode else _INTERP_BLOCK_M if interp else None
 
     ws_config = config is not None and any(config is c for c in _WS_CONFIGS)
-    use_ws = _use_warp_specialize(q, k, v, decode, interp, causal=bool(causal))
+    use_ws = (ws_config or config is None) and _use_warp_specialize(q, k, v, decode, interp, causal=bool(causal))
     if ws_config and not use_ws:
         raise ValueError(
             "attention: a warp-specialised config needs non-causal half-precision prefill at D = 128 "
