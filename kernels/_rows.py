@@ -308,6 +308,13 @@ class RowTuning(NamedTuple):
     # 2663 -> 2243 (2219); N = 16384 layer_norm 652 -> 596, but rms_norm
     # 505 -> 541 and softmax lost at both widths (1372 -> 1592 at 32768).
     float32_whole_from: int = 0
+    # (BLOCK_N, warps) of the looped kernel for float32 rows at least two
+    # such blocks wide; None: half the cap in wide_warps warps, as for half
+    # precision.  H200, softmax, float32, 16384 rows, do_bench
+    # (reports/h200/softmax-wide-session9.txt): (8192, 16) against (4096, 8)
+    # 1206 vs 1373 µs at N = 32768, 536 vs 597 at 16384, 2759 vs 2945 at
+    # 65536; bfloat16 rows lost with it (657 vs 599 at 32768).
+    float32_wide: tuple[int, int] | None = None
 
 
 class RowBlocks(NamedTuple):
@@ -373,6 +380,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
             split = split._replace(block_m=min(next_pow2(rows), per_program))
         return split
     if wide:  # loop over the row in blocks of half the (unscaled) cap
+        if element_size == 4 and tuning.float32_wide and n >= 2 * tuning.float32_wide[0]:
+            block, warps = tuning.float32_wide
+            return RowBlocks(1, block, warps, True)
         return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True)
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)

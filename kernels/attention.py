@@ -71,14 +71,16 @@ zeros and are masked as before.  Anything else takes the pointer loads.
 Warp specialisation (Hopper, Triton 3.5 and later)
 --------------------------------------------------
 Non-causal prefill at ``D = 128`` in half precision, with q, k and v readable
-by the copy engine, runs ``_attention_ws_kernel`` instead: the same online
-softmax with the row block split in two halves, each with its own
-``(acc, l, m)``, and the key loop marked ``warp_specialize``, so that the
-compiler gives each half to a consumer warpgroup and the bulk copies to a
-producer warp, and one half's softmax runs while the other's matrix products
-do.  That kernel is written around what Triton 3.6's specialisation accepts
-(see its docstring); causal attention stays on the kernel above, as its
-masks came out wrong inside the specialised loop.
+by the copy engine and ``Sk`` a multiple of 128, runs ``_attention_ws_kernel``
+instead: the same online softmax with the row block split in two halves, each
+with its own ``(acc, l, m)``, and the key loop marked ``warp_specialize``, so
+that the compiler gives the halves' rows to consumer warpgroups and the bulk
+copies to a producer warp, and one half's softmax runs while the other's
+matrix products do.  That kernel is written around what Triton 3.6's
+specialisation accepts (see its docstring).  It has no masks at all: with
+Triton 3.6 only one loop can be specialised, so a mask would run on every
+tile, and on the H200 that made ragged keys and causal attention slower than
+the kernel above (see ``_use_warp_specialize``), which keeps them.
 """
 
 from __future__ import annotations
@@ -428,11 +430,10 @@ def _attention_fwd_kernel(
 
 
 @triton.jit
-def _fold_tile(acc, l_i, m_i, q, k, v, keys, q_pos, Sk, qk_scale,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, INTERP_BF16: tl.constexpr):
-    """``(acc, l, m)`` after one ``(BLOCK_N, D)`` tile of keys ``k`` and values ``v``."""
+def _fold_tile(acc, l_i, m_i, q, k, v, qk_scale, INTERP_BF16: tl.constexpr):
+    """``(acc, l, m)`` after one ``(BLOCK_N, D)`` tile of keys ``k`` and values ``v``, every key valid."""
     qk = _mma(q, tl.trans(k), None, "tf32", INTERP_BF16)
-    p, alpha, l_i, m_new = _softmax_tile(qk, m_i, l_i, keys, q_pos, Sk, qk_scale, MASKED, CAUSAL)
+    p, alpha, l_i, m_new = _softmax_tile(qk, m_i, l_i, 0, 0, 0, qk_scale, False, False)
     acc = acc * alpha[:, None]
     acc = _mma(_round_to(p, v.dtype, INTERP_BF16), v, acc, "tf32", INTERP_BF16)
     return acc, l_i, m_new
@@ -448,7 +449,7 @@ def _attention_ws_kernel(
     Sq, Sk, qk_scale,
     ROWS_BUCKET, KEYS_BUCKET,  # autotune keys only (rounded sizes)
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, NEGATE_Q: tl.constexpr,
-    MASKED: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, INTERP_BF16: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, INTERP_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Non-causal prefill on Hopper: ``BLOCK_M`` query rows of one head as two halves, warp-specialised.
@@ -459,17 +460,22 @@ def _attention_ws_kernel(
     compiler gives each half to one consumer warpgroup while a producer warp
     issues the bulk tensor copies); Q, K, V and the output are tensor
     descriptors made here, on the device, for this program's ``(b, head)``
-    and ``(b, head // GROUP)`` (rows and keys past ``Sq`` and ``Sk`` read as
-    zeros, output rows past ``Sq`` are not written); and there is a single key
-    loop.  With Triton 3.6 a second loop, a branch inside the loop or Q read
-    through pointers made the compiler fail or drop the specialisation, and
-    pointer stores of the output came out wrong, so the ragged last tile
-    cannot have a loop of its own: with ``MASKED`` (``Sk`` not a multiple of
-    128) every tile takes the key mask.  Grouped-query heads are not packed
-    into rows here: each query head has its own programs and K/V tiles are
-    read once per query head, from L2 mostly.  Half precision, ``D`` a power
-    of two, q, k and v with unit stride in ``D`` and 16-byte aligned (the
-    host checks).  Grid: ``(cdiv(Sq, BLOCK_M), H, B)``.
+    and ``(b, head // GROUP)`` (rows past ``Sq`` read as zeros, output rows
+    past ``Sq`` are not written); and there is a single key
+    loop, without masks: ``Sk`` is a multiple of ``BLOCK_N`` (the host
+    checks).  With Triton 3.6 a second loop, a branch inside the loop or Q
+    read through pointers made the compiler fail or drop the specialisation,
+    and pointer stores of the output came out wrong.  The compiler splits
+    each half's rows further between its consumer warpgroups (64 rows each);
+    a row position written as ``row0 + tl.arange`` with ``row0`` the offset
+    of Q's load came out shifted by that split twice (rows 64.. of a half
+    saw keys 64 too far), so a causal or per-row mask here must keep the
+    scalar off the row side (see ``reports/h200/causal-ws-session9.txt``).
+    Grouped-query heads are not packed into rows here: each query head has
+    its own programs and K/V tiles are read once per query head, from L2
+    mostly.  Half precision, ``D`` a power of two, q, k and v with unit
+    stride in ``D`` and 16-byte aligned (the host checks).
+    Grid: ``(cdiv(Sq, BLOCK_M), H, B)``.
     """
     HALF: tl.constexpr = BLOCK_M // 2
     pid_m = tl.program_id(0)
@@ -494,7 +500,6 @@ def _attention_ws_kernel(
     if NEGATE_Q:
         q0 = _negated(q0)
         q1 = _negated(q1)
-    offs_n = tl.arange(0, BLOCK_N)
     m0 = tl.full([HALF], float("-inf"), dtype=tl.float32)
     l0 = tl.zeros([HALF], dtype=tl.float32)
     acc0 = tl.zeros([HALF, HEAD_DIM], dtype=tl.float32)
@@ -505,9 +510,8 @@ def _attention_ws_kernel(
     for start_n in tl.range(0, Sk, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = k_desc.load([start_n, 0])
         v = v_desc.load([start_n, 0])
-        keys = start_n + offs_n
-        acc0, l0, m0 = _fold_tile(acc0, l0, m0, q0, k, v, keys, 0, Sk, qk_scale, MASKED, False, INTERP_BF16)
-        acc1, l1, m1 = _fold_tile(acc1, l1, m1, q1, k, v, keys, 0, Sk, qk_scale, MASKED, False, INTERP_BF16)
+        acc0, l0, m0 = _fold_tile(acc0, l0, m0, q0, k, v, qk_scale, INTERP_BF16)
+        acc1, l1, m1 = _fold_tile(acc1, l1, m1, q1, k, v, qk_scale, INTERP_BF16)
 
     # the output through a descriptor as well: pointer stores after the
     # specialised loop came out wrong on the H200 (Triton 3.6); rows past Sq
@@ -647,14 +651,14 @@ _WS_CONFIGS = [
     for bm, bn in ((256, 128), (256, 64), (128, 128))
 ]
 _attention_ws = triton.autotune(
-    configs=_WS_CONFIGS, key=["HEAD_DIM", "GROUP", "MASKED", "ROWS_BUCKET", "KEYS_BUCKET"]
+    configs=_WS_CONFIGS, key=["HEAD_DIM", "GROUP", "ROWS_BUCKET", "KEYS_BUCKET"]
 )(_attention_ws_kernel)
 # Head dim of the warp-specialised path (what was measured; see _use_warp_specialize).
 WS_HEAD_DIM = 128
 # Fewer query rows than this leave a consumer warpgroup idle: the other kernel.
 WS_MIN_QUERIES = 128
 _INTERP_WS_BLOCK_M = 32  # two halves of 16 rows, the smallest tl.dot takes
-_WS_EVEN_KEYS = 128  # key tiles of every ws config divide this: Sk a multiple needs no key mask
+_WS_EVEN_KEYS = 128  # key tiles of every ws config divide this: the ws path takes Sk a multiple of it
 
 # Interpreter: one small config, so that CPU runs stay quick.
 _INTERP_BLOCK_M = 16
@@ -788,8 +792,9 @@ def _use_warp_specialize(
 ) -> bool:
     """Non-causal prefill through ``_attention_ws_kernel``: half precision, ``D = 128``, Hopper.
 
-    q, k and v must be readable by the copy engine, and there must be at
-    least ``WS_MIN_QUERIES`` queries.  Measured on the H200 (``fuseaudit
+    q, k and v must be readable by the copy engine, there must be at least
+    ``WS_MIN_QUERIES`` queries, and ``Sk`` a multiple of ``_WS_EVEN_KEYS``.
+    Measured on the H200 (``fuseaudit
     bench``, 32 heads, ``reports/h200/bench-attention-*-session8``): bf16
     B x S = 4 x 4096 1808.6 µs against 2132.6 for the other kernel in the
     sixth session (S = 2048: 1009.4 vs 1150.0, 16384: 6824.9 vs 8002.6), fp16
@@ -798,13 +803,18 @@ def _use_warp_specialize(
     TFLOP/s at S = 4096.  Only on Hopper (compute capability 9.x), where it
     was measured; under the interpreter too, so that CPU tests cover the
     kernel.  ``FUSEAUDIT_ATTENTION_WS=0`` turns it off.
+
+    Ragged keys and causal attention keep the other kernel, which masks only
+    the tiles that need it; here every tile would take the mask.  H200, bf16,
+    32 heads, do_bench (``reports/h200/attention-ragged-session9.txt``,
+    ``causal-ws-session9.txt``): non-causal S = 2000/4000/8000 ran 0.81/0.86/0.83
+    x cuDNN with the key mask here against 0.85/0.90/0.92 on the other
+    kernel; causal, with the mask written so that the compiler gets it right,
+    0.75-0.85 (256 x 64 tiles, S 2048-16384, bf16 and fp16) against 0.82-0.90.
     """
     if decode or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] != WS_HEAD_DIM:
         return False
-    if causal:
-        # with the causal mask in the specialised loop a quarter of the rows
-        # came out wrong on the H200 (Triton 3.6; the interpreter computes
-        # them right), so causal attention keeps the other kernel
+    if causal or k.shape[2] % _WS_EVEN_KEYS != 0:
         return False
     if q.shape[2] < (_INTERP_WS_BLOCK_M if interp else WS_MIN_QUERIES):
         return False
@@ -850,7 +860,7 @@ def _launch_ws(
         Sq, Sk, abs(scale) * LOG2E, next_pow2(max(Sq, 16)), next_pow2(max(keys, 16)),
     )
     meta = dict(
-        HEAD_DIM=D, GROUP=H // Hkv, NEGATE_Q=scale < 0, MASKED=Sk % _WS_EVEN_KEYS != 0, WARP_SPECIALIZE=True,
+        HEAD_DIM=D, GROUP=H // Hkv, NEGATE_Q=scale < 0, WARP_SPECIALIZE=True,
         INTERP_BF16=interp and q.dtype == torch.bfloat16,
     )
 
@@ -921,7 +931,7 @@ def attention_with_config(
     if ws_config and not use_ws:
         raise ValueError(
             "attention: a warp-specialised config needs non-causal half-precision prefill at D = 128 "
-            "with q, k, v the copy engine can read, on Hopper"
+            f"with Sk a multiple of {_WS_EVEN_KEYS} and q, k, v the copy engine can read, on Hopper"
         )
     if ws_config or (config is None and use_ws):
         _launch_ws(q, k, v, out, scale=scale, config=config, interp=interp)

@@ -61,8 +61,9 @@ from ._rows import (
 # Two reductions and an exp per element: more threads per row than the norms
 # (H200, bf16, 16384 rows: N=14336 in 304 µs with 32 warps, 329 with 16, 433 with 8).
 # Split tails in half precision only: float32 N=5120 took 208 µs split, 198 padded.
+# Wide float32 rows loop in blocks of 8192 in 16 warps (see RowTuning.float32_wide).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
-                   split_tail=TailSplit(max_bytes=2, max_tail=0.25, min_n=4096))
+                   split_tail=TailSplit(max_bytes=2, max_tail=0.25, min_n=4096), float32_wide=(8192, 16))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LOG2E_LO is
 # what that rounding drops.

@@ -13,10 +13,10 @@ import torch
 from fuseaudit.kernels import attention as attn
 
 
-def _qkv(device: str, *, offset: int = 0, dtype: torch.dtype = torch.bfloat16, d: int = 128):
+def _qkv(device: str, *, offset: int = 0, dtype: torch.dtype = torch.bfloat16, d: int = 128, sk: int = 45):
     """q (B, H, Sq, D) and k, v slices of one fused (B, Sk, 2, Hkv, D) projection; ``offset`` shifts k/v's storage."""
     g = torch.Generator().manual_seed(11 + offset)
-    B, H, Hkv, Sq, Sk = 2, 4, 2, 37, 45
+    B, H, Hkv, Sq, Sk = 2, 4, 2, 37, sk
     q = torch.randn(B, Sq, H, d, generator=g).to(device, dtype).transpose(1, 2)
     kv = torch.randn(B * Sk * 2 * Hkv * d + offset, generator=g).to(device, dtype)[offset:].view(B, Sk, 2, Hkv, d)
     return q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
@@ -53,12 +53,12 @@ def test_misaligned_and_other_head_dims_keep_pointer_loads(fuseaudit_device: str
     assert not attn._use_descriptors(q, True, True), "decoding keeps pointer loads"
 
 
-@pytest.mark.parametrize("sk", [45, 256])
+@pytest.mark.parametrize("sk", [128, 256])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_warp_specialized_path(fuseaudit_device: str, sk: int, dtype: str) -> None:
     """Hopper's warp-specialised kernel (two half blocks, on-device descriptors) against float64.
 
-    Non-causal only; ``Sk`` ragged (every tile masked) or a multiple of 128 (no masks).
+    Non-causal only, ``Sk`` a multiple of 128 (the path has no masks); ``Sq`` ragged.
 
     The interpreter runs the same kernel, so the CPU checks its arithmetic;
     the GPU run checks what the compiler made of it.
@@ -86,21 +86,26 @@ def test_warp_specialized_path(fuseaudit_device: str, sk: int, dtype: str) -> No
 def test_warp_specialized_path_is_chosen_where_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     """Half precision, D = 128, non-causal prefill, q/k/v the copy engine reads; elsewhere a ws config is an error."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the check below reaches the launch only under the interpreter
-    q, k, v = _qkv("cpu")
+    q, k, v = _qkv("cpu", sk=128)
     assert attn._use_warp_specialize(q, k, v, False, True, causal=False)
     assert not attn._use_warp_specialize(q, k, v, False, True, causal=True), "causal keeps the other kernel"
+    _, k45, v45 = _qkv("cpu", sk=45)
+    assert not attn._use_warp_specialize(q, k45, v45, False, True, causal=False), "ragged keys keep the other kernel"
     assert not attn._use_warp_specialize(q, k, v, True, True, causal=False), "decoding keeps the split-K kernel"
     assert not attn._use_warp_specialize(q[:, :, :8], k, v, False, True, causal=False), "fewer rows than a block"
     assert not attn._use_warp_specialize(q.float(), k.float(), v.float(), False, True, causal=False)
-    q64, k64, v64 = _qkv("cpu", d=64)
+    q64, k64, v64 = _qkv("cpu", d=64, sk=128)
     assert not attn._use_warp_specialize(q64, k64, v64, False, True, causal=False), "measured at D = 128 only"
-    _, k_off, v_off = _qkv("cpu", offset=1)
+    _, k_off, v_off = _qkv("cpu", offset=1, sk=128)
     assert not attn._use_warp_specialize(q, k_off, v_off, False, True, causal=False), "misaligned k/v"
     with pytest.raises(ValueError, match="warp-specialised config"):
         attn.attention_with_config(q, k, v, causal=True, config=attn._WS_CONFIGS[0])
+    with pytest.raises(ValueError, match="warp-specialised config"):
+        attn.attention_with_config(q, k45, v45, causal=False, config=attn._WS_CONFIGS[0])
 
 
 def test_warp_specialized_path_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    q, k, v = _qkv("cpu")
+    q, k, v = _qkv("cpu", sk=128)
+    assert attn._use_warp_specialize(q, k, v, False, True, causal=False)
     monkeypatch.setenv("FUSEAUDIT_ATTENTION_WS", "0")
     assert not attn._use_warp_specialize(q, k, v, False, True, causal=False)

@@ -253,7 +253,7 @@ def test_one_leading_dim_folds_to_the_front():
 def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     """float32 rows whose block reaches ``float32_whole_from`` are held whole in 32 warps, up to 32768.
 
-    Past that, and for softmax, they loop.  A padded, strided row of 20000
+    Past that, and for softmax, they loop (softmax in its ``float32_wide`` blocks).  A padded, strided row of 20000
     (block 32768) goes through whichever path the rules pick, against float64.
     """
     from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
@@ -267,6 +267,12 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     assert whole.wide == (op == "softmax"), "the norms hold float32 rows of 20000 whole, softmax loops"
     if not whole.wide:
         assert (whole.block_n, whole.num_warps) == (32768, _rows.WIDE_WHOLE_ROW_WARPS)
+    else:  # softmax: float32 rows of two blocks or more loop in its float32_wide blocks, narrower ones in half the cap
+        assert (whole.block_n, whole.num_warps) == tuning.float32_wide == (8192, 16)
+        narrow = _rows.row_block_config(16384, 11008, 4, tuning)
+        assert (narrow.block_n, narrow.num_warps) == (_rows.MAX_FUSED_BYTES // 4 // 2, tuning.wide_warps)
+        half = _rows.row_block_config(16384, 65536, 2, tuning)
+        assert (half.block_n, half.num_warps) == (_rows.MAX_FUSED_BYTES // 2 // 2, tuning.wide_warps)
     assert _rows.row_block_config(16384, 40000, 4, tuning).wide, "past FLOAT32_WHOLE_MAX the rows loop"
     without = tuning._replace(float32_whole_from=0)
     assert _rows.row_block_config(16384, 20000, 2, tuning) == _rows.row_block_config(16384, 20000, 2, without), \
