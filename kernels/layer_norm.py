@@ -79,8 +79,13 @@ from ._rows import (
 
 # Two reductions per row (one for most half-precision rows and in the looped kernel):
 # at most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
-# float32 rows of 16384 and 32768 are held whole (see RowTuning.float32_whole_from).
-TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail=TailSplit(), float32_whole_from=16384)
+# float32 rows of 16384 and 32768 are held whole (see RowTuning.float32_whole_from);
+# wider ones loop in blocks of 8192 in 16 warps (RowTuning.float32_wide).  H200,
+# float32, event time after an L2 flush (reports/h200/norms-fp32-wide-session9.txt),
+# (4096, 8) -> (8192, 16) at N = 65536: 16384 rows layer_norm 3026 -> 3036 µs,
+# add_layer_norm 5588 -> 5494; 8 rows 34.0 -> 24.4 and 42.8 -> 30.0.
+TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail=TailSplit(), float32_whole_from=16384,
+                   float32_wide=(8192, 16))
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
 ADD_TUNING = TUNING._replace(fused_scale=2)
 

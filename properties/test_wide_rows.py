@@ -253,8 +253,8 @@ def test_one_leading_dim_folds_to_the_front():
 def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     """float32 rows whose block reaches ``float32_whole_from`` are held whole in 32 warps, up to 32768.
 
-    Past that, and for softmax, they loop (softmax in its ``float32_wide`` blocks).  A padded, strided row of 20000
-    (block 32768) goes through whichever path the rules pick, against float64.
+    Past that, and for softmax, they loop (the layer_norms and softmax in their ``float32_wide`` blocks).  Padded,
+    strided rows of 20000 (block 32768) and 40000 go through whichever path the rules pick, against float64.
     """
     from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
 
@@ -273,10 +273,14 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
         assert (narrow.block_n, narrow.num_warps) == (_rows.MAX_FUSED_BYTES // 4 // 2, tuning.wide_warps)
         half = _rows.row_block_config(16384, 65536, 2, tuning)
         assert (half.block_n, half.num_warps) == (_rows.MAX_FUSED_BYTES // 2 // 2, tuning.wide_warps)
-    assert _rows.row_block_config(16384, 40000, 4, tuning).wide, "past FLOAT32_WHOLE_MAX the rows loop"
-    without = tuning._replace(float32_whole_from=0)
+    looped = _rows.row_block_config(16384, 40000, 4, tuning)
+    assert looped.wide, "past FLOAT32_WHOLE_MAX the rows loop"
+    if tuning.float32_wide:  # layer_norms and softmax: in their float32 blocks
+        assert (looped.block_n, looped.num_warps) == tuning.float32_wide
+    without = tuning._replace(float32_whole_from=0, float32_wide=None)
     assert _rows.row_block_config(16384, 20000, 2, tuning) == _rows.row_block_config(16384, 20000, 2, without), \
         "half precision keeps its own rules"
-    case = Case(op=op, dtype="float32", dims={"lead": (3,), "N": 20000}, regime="normal",
-                layouts={name: "padded" for name in spec.input_names}, params=spec.defaults(), seed=3)
-    run_case(spec, spec.load_reference(), case, device=fuseaudit_device, target=spec.reference).raise_for_failures()
+    for n in (20000, 40000):
+        case = Case(op=op, dtype="float32", dims={"lead": (3,), "N": n}, regime="normal",
+                    layouts={name: "padded" for name in spec.input_names}, params=spec.defaults(), seed=3)
+        run_case(spec, spec.load_reference(), case, device=fuseaudit_device, target=spec.reference).raise_for_failures()
