@@ -68,20 +68,27 @@ class Plan:
     ``kernel[grid](*tensors, *scalars, **meta)``: the kernel takes its tensor
     arguments first, then ``scalars`` (ints, floats); ``meta`` names its
     constexprs and Triton's launch options (``num_warps``, ``num_stages``).
+    ``scratch``, if given, maps the first tensor's device to tensors the
+    kernel takes after the caller's: a workspace that cannot be kept in the
+    plan, e.g. one per stream (see ``_coop.workspace``).
     """
 
-    __slots__ = ("_fast", "grid", "kernel", "meta", "scalars")
+    __slots__ = ("_fast", "grid", "kernel", "meta", "scalars", "scratch")
 
-    def __init__(self, kernel: Any, grid: tuple[int, ...], *scalars: Any, **meta: Any) -> None:
+    def __init__(self, kernel: Any, grid: tuple[int, ...], *scalars: Any,
+                 scratch: Callable[[torch.device], tuple[torch.Tensor, ...]] | None = None, **meta: Any) -> None:
         self.kernel = kernel
         self.grid = grid
         self.scalars = scalars
+        self.scratch = scratch
         self.meta = meta
         # The compiled kernel's runner and its trailing arguments once launched;
         # False where none can be built (then every launch takes kernel[grid]).
         self._fast: tuple[Any, tuple[Any, ...]] | bool | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> None:
+        if self.scratch is not None:
+            tensors = (*tensors, *self.scratch(tensors[0].device))
         fast = self._fast
         if fast:
             fast[0](*tensors, *fast[1])

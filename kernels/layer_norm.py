@@ -17,7 +17,7 @@ and the fused residual variant, as an eager ``h = x + residual`` would do it::
 Every element is loaded in its own dtype, upcast to float32, and only the
 stores round.
 
-Two kernels share the work:
+Three kernels share the work:
 
 * :func:`layer_norm_kernel` keeps whole rows in registers, so the second pass
   over ``x - mean`` costs no memory traffic: one read of each input, one
@@ -49,6 +49,14 @@ Two kernels share the work:
 
   (both running sums carry Kahan compensations).  Pass 2 normalises, so the
   row is read twice (the second read usually hits L2).
+* :func:`layer_norm_coop_kernel` is for a few wide rows (decode): each row
+  is split over ``SPLITS`` programs of one cooperative launch (see
+  ``_coop.py``).  Each holds a chunk in registers and publishes its sum of
+  deviations from the row's first element and its own ``M2``; the row's
+  mean and variance follow from the same merge, done for all chunks at once::
+
+      mean = x0 + sum(s_c) / N,                       s_c = sum over chunk c of (x - x0)
+      var  = (sum(M2_c) + sum(n_c * (s_c / n_c - (mean - x0))^2)) / N
 
 Rows are addressed in place whatever the strides (see ``_rows.py``); the
 outputs are new contiguous tensors, so an output row starts at ``row * N``.
@@ -60,7 +68,17 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _rows
+from . import _coop, _rows
+from ._coop import (
+    arrive_and_wait,
+    chunk_width,
+    coop_config,
+    gather,
+    launch_options,
+    load_chunk,
+    publish,
+    workspace,
+)
 from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
@@ -89,6 +107,13 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
 ADD_TUNING = TUNING._replace(fused_scale=2)
 
+
+# The cooperative kernel loads weight and bias before it waits for the row's
+# other programs when its chunk is at most this many elements.  Larger
+# chunks load them after: with them in registers through the merge, ptxas
+# spilled (CPU compile for sm_90, float32, 16384 columns in 16 warps: 100
+# bytes a thread; 32768 in 32 warps, 1076 -> 152).
+COOP_EARLY_MAX = 8192
 
 # One pass while (mean - x0)^2 <= ONE_PASS_RATIO * var, i.e. x0 within 4 std of the mean.
 ONE_PASS_RATIO = tl.constexpr(16.0)
@@ -298,6 +323,75 @@ def layer_norm_wide_kernel(
         tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _chunk_partial(x, mask, x0, split, N, CHUNK: tl.constexpr):
+    """A chunk's ``(s_c, M2_c)``: its sum of deviations from ``x0``, and of squared deviations from its own mean."""
+    d = tl.where(mask, x - x0, 0.0)
+    s_c = tl.sum(d, axis=0)
+    dc = tl.where(mask, d - tl.math.div_rn(s_c, chunk_width(split, N, CHUNK) * 1.0), 0.0)
+    return s_c, tl.sum(dc * dc, axis=0)
+
+
+@triton.jit
+def layer_norm_coop_kernel(
+    X, R, W, B, Y, H, Part, Count,  # as layer_norm_kernel, then the workspace (see _coop.workspace)
+    N, D1, D2,
+    sx0, sx1, sx2, sxn,
+    sr0, sr1, sr2, srn,
+    swn, sbn,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SPLITS: tl.constexpr,  # programs a row
+    SLOTS: tl.constexpr,  # SPLITS rounded up to a power of two
+    ALIGN: tl.constexpr,
+    EARLY: tl.constexpr,  # load weight and bias before the wait (see COOP_EARLY_MAX)
+    COOPERATIVE: tl.constexpr,  # False under the interpreter (see _coop.py)
+):
+    # Program (row, split) holds columns [split * CHUNK, (split + 1) * CHUNK) of its row.
+    N = aligned_width(N, ALIGN)
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
+    out = out_row_offsets(row, N, ALIGN)
+    cols = split * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < N
+    x = load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL)
+    if EARLY:  # the wait below hides their latency
+        w, b = _load_wb(W, B, cols, N, swn, sbn)
+    # Deviations are taken from the row's first element x0, as in
+    # layer_norm_kernel: a constant row gets exactly its value as mean, y = b.
+    x0 = tl.load(x_row).to(tl.float32)
+    if HAS_RESIDUAL:
+        x0 = to_dtype(x0 + tl.load(r_row).to(tl.float32), H.dtype.element_ty).to(tl.float32)
+
+    if COOPERATIVE:
+        s_c, m2_c = _chunk_partial(x, mask, x0, split, N, CHUNK)
+        publish(Part, row, split, s_c, m2_c, SPLITS)
+        arrive_and_wait(Count, row, split, SPLITS)
+    else:  # the interpreter: this program computes every chunk's partial itself
+        for c in range(SPLITS):
+            c_cols = c * CHUNK + tl.arange(0, CHUNK)
+            c_mask = c_cols < N
+            xc = load_chunk(X, R, H, x_row, r_row, out, c_cols, c_mask, sxn, srn, HAS_RESIDUAL)
+            s_c, m2_c = _chunk_partial(xc, c_mask, x0, c, N, CHUNK)
+            publish(Part, row, c, s_c, m2_c, SPLITS)
+    # Merge (Chan et al., all chunks at once): the spread of the chunk means
+    # about the row's mean adds to the chunks' own M2.
+    sums, m2s, valid = gather(Part, row, SPLITS, SLOTS, 0.0, 0.0)
+    n_c = chunk_width(tl.arange(0, SLOTS), N, CHUNK) * 1.0
+    shift = tl.math.div_rn(tl.sum(sums, axis=0), N * 1.0)  # mean - x0
+    spread = tl.where(valid, tl.math.div_rn(sums, tl.where(valid, n_c, 1.0)) - shift, 0.0)
+    var = tl.math.div_rn(tl.sum(m2s, axis=0) + tl.sum(n_c * spread * spread, axis=0), N * 1.0)
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
+    if not EARLY:  # large chunks: registers are worth more than the wait
+        w, b = _load_wb(W, B, cols, N, swn, sbn)
+    xc = tl.where(mask, x - (x0 + shift), 0.0)
+    y = xc * rstd * w.to(tl.float32) + b.to(tl.float32)
+    tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
+
+
 def _layer_norm(
     op: str,
     x: torch.Tensor,
@@ -308,7 +402,8 @@ def _layer_norm(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch; returns ``(y, h)``."""
     tuning = TUNING if residual is None else ADD_TUNING
-    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS), (x, residual, weight, bias),
+    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS, _coop.knobs(), COOP_EARLY_MAX),
+                   (x, residual, weight, bias),
                    lambda: _plan(op, x, residual, weight, bias, eps, tuning))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = None if residual is None else torch.empty_like(y)
@@ -332,8 +427,14 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     vectors = (weight.stride(0), bias.stride(0), float(eps))
+    coop = coop_config(layout.rows, n, x.element_size(), x.device)
+    if coop is not None:
+        return Plan(layer_norm_coop_kernel, (layout.rows, coop.splits), n, d1, d2, *sx, *sr, *vectors,
+                    scratch=workspace, HAS_RESIDUAL=residual is not None, CHUNK=coop.chunk, SPLITS=coop.splits,
+                    SLOTS=coop.slots, ALIGN=row_alignment(n, layout), EARLY=coop.chunk <= COOP_EARLY_MAX,
+                    COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps, **launch_options())
+    blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
         return Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
@@ -366,4 +467,4 @@ def add_layer_norm(
     return y, h
 
 
-__all__ = ["add_layer_norm", "layer_norm", "layer_norm_kernel", "layer_norm_wide_kernel"]
+__all__ = ["add_layer_norm", "layer_norm", "layer_norm_coop_kernel", "layer_norm_kernel", "layer_norm_wide_kernel"]

@@ -15,7 +15,7 @@ Every element is loaded in its own dtype, upcast to float32, and only the
 stores round: ``|x| ~ 2000`` in float16 squares to 4e6, far beyond a half's
 65504, so nothing is ever summed in half precision.
 
-Two kernels share the work:
+Three kernels share the work:
 
 * :func:`rms_norm_kernel` keeps whole rows in registers: one read of each
   input, one write of each output.  When rows are short it takes a tile of
@@ -27,6 +27,11 @@ Two kernels share the work:
   (twice that with a residual, see ``ADD_TUNING``): it loops over column
   blocks twice (sum of squares, then normalise), so the row is read twice;
   the second read usually hits L2.
+* :func:`rms_norm_coop_kernel` is for a few wide rows (decode): each row is
+  split over ``SPLITS`` programs of one cooperative launch (see ``_coop.py``).
+  Each holds a chunk in registers and publishes its sum of squares; the
+  row's sum is the sum of the partials, so every program can then write its
+  chunk of ``y``.
 
 Rows are addressed in place whatever the strides (see ``_rows.py``); the
 outputs are new contiguous tensors, so an output row starts at ``row * N``.
@@ -38,7 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _rows
+from . import _coop, _rows
+from ._coop import arrive_and_wait, coop_config, gather, launch_options, load_chunk, publish, workspace
 from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
@@ -194,12 +200,56 @@ def rms_norm_wide_kernel(
         tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def rms_norm_coop_kernel(
+    X, R, W, Y, H, Part, Count,  # as rms_norm_kernel, then the workspace (see _coop.workspace)
+    N, D1, D2,
+    sx0, sx1, sx2, sxn,
+    sr0, sr1, sr2, srn,
+    swn,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SPLITS: tl.constexpr,  # programs a row
+    SLOTS: tl.constexpr,  # SPLITS rounded up to a power of two
+    ALIGN: tl.constexpr,
+    COOPERATIVE: tl.constexpr,  # False under the interpreter (see _coop.py)
+):
+    # Program (row, split) holds columns [split * CHUNK, (split + 1) * CHUNK) of its row.
+    N = aligned_width(N, ALIGN)
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
+    out = out_row_offsets(row, N, ALIGN)
+    cols = split * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < N
+    x = load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL)
+    w = tl.load(W + cols * swn, mask=mask, other=0.0)  # now: the wait below hides it
+
+    # The partial is the chunk's sum of squares.
+    if COOPERATIVE:
+        publish(Part, row, split, tl.sum(x * x, axis=0), 0.0, SPLITS)
+        arrive_and_wait(Count, row, split, SPLITS)
+    else:  # the interpreter: this program computes every chunk's partial itself
+        for c in range(SPLITS):
+            c_cols = c * CHUNK + tl.arange(0, CHUNK)
+            xc = load_chunk(X, R, H, x_row, r_row, out, c_cols, c_cols < N, sxn, srn, HAS_RESIDUAL)
+            publish(Part, row, c, tl.sum(xc * xc, axis=0), 0.0, SPLITS)
+    sums, _, _ = gather(Part, row, SPLITS, SLOTS, 0.0, 0.0)
+    ms = tl.math.div_rn(tl.sum(sums, axis=0), N * 1.0)
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
+    y = x * rstd * w.to(tl.float32)
+    tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
+
+
 def _rms_norm(
     op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch; returns ``(y, h)``."""
     tuning = TUNING if residual is None else ADD_TUNING
-    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS), (x, residual, weight),
+    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS, _coop.knobs()),
+                   (x, residual, weight),
                    lambda: _plan(op, x, residual, weight, eps, tuning))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = None if residual is None else torch.empty_like(y)
@@ -223,6 +273,12 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
+    coop = coop_config(layout.rows, n, x.element_size(), x.device)
+    if coop is not None:
+        return Plan(rms_norm_coop_kernel, (layout.rows, coop.splits), n, d1, d2, *sx, *sr, weight.stride(0),
+                    float(eps), scratch=workspace, HAS_RESIDUAL=residual is not None, CHUNK=coop.chunk,
+                    SPLITS=coop.splits, SLOTS=coop.slots, ALIGN=row_alignment(n, layout),
+                    COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps, **launch_options())
     blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
         return Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
@@ -251,4 +307,4 @@ def add_rms_norm(
     return y, h
 
 
-__all__ = ["add_rms_norm", "rms_norm", "rms_norm_kernel", "rms_norm_wide_kernel"]
+__all__ = ["add_rms_norm", "rms_norm", "rms_norm_coop_kernel", "rms_norm_kernel", "rms_norm_wide_kernel"]

@@ -10,7 +10,7 @@ The maths, per row ``x`` of ``N`` elements::
 Masked lanes (past the end of the row) hold ``-inf`` after the scaling, so
 they neither raise the max nor add to the sum (``exp(-inf) = 0``).
 
-Two kernels share the work:
+Three kernels share the work:
 
 * :func:`softmax_kernel` keeps whole rows in registers: one read, one write.
   Short rows go ``BLOCK_M`` to a program; a row that is not a power of two
@@ -28,6 +28,12 @@ Two kernels share the work:
   and ``d`` is summed with Kahan's compensation.  Pass 2 writes
   ``exp(s - m) / d``, so the row is read twice (the second read usually hits
   L2).
+* :func:`softmax_coop_kernel` is for a few wide rows (decode): each row is
+  split over ``SPLITS`` programs of one cooperative launch (see
+  ``_coop.py``).  Each holds a chunk in registers and publishes its max
+  ``m_c`` and ``d_c = sum(exp(s - m_c))``; the row's are::
+
+      m = max(m_c),   d = sum(d_c * exp(m_c - m))
 
 Precision of ``exp``: see :func:`_exp`.  Every output, however tiny (a row of
 100k columns gives outputs near 1e-5; logits 100 below the max give 1e-44),
@@ -43,7 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _rows
+from . import _coop, _rows
+from ._coop import arrive_and_wait, coop_config, gather, launch_options, publish, workspace
 from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
@@ -201,9 +208,63 @@ def softmax_wide_kernel(
         tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _chunk_logits(x_row, cols, N, sxn, scale):
+    """``x * scale`` for one chunk of a row in float32, ``-inf`` past the end of the row."""
+    mask = cols < N
+    x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
+    return tl.where(mask, x * scale, float("-inf"))  # scale first (see _load_logits)
+
+
+@triton.jit
+def _chunk_partial(s, PRECISE: tl.constexpr):
+    """A chunk's max ``m_c`` and ``d_c = sum(exp(s - m_c))`` (exps measured from 0 while the chunk is all ``-inf``)."""
+    m_c = tl.max(s, axis=0)
+    return m_c, tl.sum(_exp(s - tl.where(m_c == float("-inf"), 0.0, m_c), PRECISE), axis=0)
+
+
+@triton.jit
+def softmax_coop_kernel(
+    X, Y, Part, Count,  # input, output, the workspace (see _coop.workspace)
+    N, D1, D2,
+    sx0, sx1, sx2, sxn,
+    scale,
+    PRECISE: tl.constexpr,
+    CHUNK: tl.constexpr,
+    SPLITS: tl.constexpr,  # programs a row
+    SLOTS: tl.constexpr,  # SPLITS rounded up to a power of two
+    ALIGN: tl.constexpr,
+    COOPERATIVE: tl.constexpr,  # False under the interpreter (see _coop.py)
+):
+    # Program (row, split) holds columns [split * CHUNK, (split + 1) * CHUNK) of its row.
+    N = aligned_width(N, ALIGN)
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+    out = out_row_offsets(row, N, ALIGN)
+    cols = split * CHUNK + tl.arange(0, CHUNK)
+    s = _chunk_logits(x_row, cols, N, sxn, scale)
+
+    if COOPERATIVE:
+        m_c, d_c = _chunk_partial(s, PRECISE)
+        publish(Part, row, split, m_c, d_c, SPLITS)
+        arrive_and_wait(Count, row, split, SPLITS)
+    else:  # the interpreter: this program computes every chunk's partial itself
+        for c in range(SPLITS):
+            m_c, d_c = _chunk_partial(_chunk_logits(x_row, c * CHUNK + tl.arange(0, CHUNK), N, sxn, scale), PRECISE)
+            publish(Part, row, c, m_c, d_c, SPLITS)
+    # Merge: rescale every chunk's sum to the row's max (exp(m_c - m) <= 1).
+    maxes, sums, _ = gather(Part, row, SPLITS, SLOTS, float("-inf"), 0.0)
+    m = tl.max(maxes, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # an all -inf row: 0 / 0 = NaN, as in eager
+    d = tl.sum(sums * _exp(maxes - m, PRECISE), axis=0)
+    y = _exp(s - m, PRECISE) * tl.math.div_rn(1.0, d)
+    tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
+
+
 def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``torch.softmax(x * scale, dim=-1)`` in one launch; ``x`` is ``(..., N)``, any strides."""
-    plan = planned(("softmax", scale, TUNING, _rows.MAX_FUSED_BYTES), (x,), lambda: _plan(x, scale))
+    plan = planned(("softmax", scale, TUNING, _rows.MAX_FUSED_BYTES, _coop.knobs()), (x,), lambda: _plan(x, scale))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if plan is not None:
         plan(x, y)
@@ -220,8 +281,14 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
         return None
     layout = row_layout(x.shape, x)
     _, d1, d2 = layout.dims
-    blocks = row_block_config(layout.rows, n, x.element_size(), TUNING)
     precise = x.dtype == torch.float32
+    coop = coop_config(layout.rows, n, x.element_size(), x.device)
+    if coop is not None:
+        return Plan(softmax_coop_kernel, (layout.rows, coop.splits), n, d1, d2, *layout.strides[0], float(scale),
+                    scratch=workspace, PRECISE=precise, CHUNK=coop.chunk, SPLITS=coop.splits, SLOTS=coop.slots,
+                    ALIGN=row_alignment(n, layout), COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps,
+                    **launch_options())
+    blocks = row_block_config(layout.rows, n, x.element_size(), TUNING)
     if blocks.wide:
         return Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
                     PRECISE=precise, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
@@ -230,4 +297,4 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
                 BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
 
 
-__all__ = ["softmax", "softmax_kernel", "softmax_wide_kernel"]
+__all__ = ["softmax", "softmax_coop_kernel", "softmax_kernel", "softmax_wide_kernel"]

@@ -1,0 +1,270 @@
+"""Few wide rows: each row split over several programs of one cooperative launch.
+
+At decode sizes a row-wise op has a handful of rows (1 to 64) and a 132-SM
+GPU runs one program a row: a few SMs each stream a whole row, one block
+after another, while the others idle.  A row of 65536 float32 elements took
+27 µs that way on the H200, where the bandwidth of the whole chip moves it
+in a fraction of one.
+
+Splitting the row over ``SPLITS`` programs, each holding a ``CHUNK`` of
+columns in registers, needs the row's statistics (a sum of squares, a mean
+and a variance, a max and a sum of exps) before any program can write its
+output.  So each program
+
+1. loads its chunk (and its weight) and reduces it to a *partial*: two
+   float32 numbers;
+2. publishes it in a workspace slot and arrives at its row's counter;
+3. waits until every program of its row has arrived, loads all the row's
+   partials and merges them (each op says how, beside its kernel);
+4. writes its chunk of the output from the registers: one read, one write.
+
+Step 3 is only safe when every program of the launch is resident at once, so
+the launch is *cooperative* (``launch_cooperative_grid=True``: CUDA refuses
+it rather than queue a program behind a spinning one), and the grid is kept
+to at most one program per SM.
+
+The counter is never reset.  Every launch adds exactly ``EPOCH`` to each row's
+counter (program ``s`` adds its share, :func:`arrive_step`), so at the start
+of a launch it is a multiple of ``EPOCH``; a program has seen its whole row
+arrive once the counter has left the epoch it arrived in.  That holds across
+int32 wrap-around, needs no memset per call, and survives CUDA graph
+capture and replay (the graph replays the same additions).  Launches that
+share a workspace must not overlap, so there is one workspace per device and
+stream (:func:`workspace`).
+
+Triton's interpreter runs programs one after another, so a program there
+could wait for ever.  Under it (``COOPERATIVE=False``) each program computes
+every chunk's partial itself, stores them all, and then goes on exactly as
+on the GPU: the chunking, the partials, their merge and the output are the
+same code, only the publishing and the waiting are not run on the CPU.
+
+Measured on the H200 (event time after an L2 flush,
+``reports/h200/coop-sweep-session10.txt``), one program a row -> split:
+float32 layer_norm 8 rows x 65536 26.8 -> 6.5 µs (16 programs a row),
+1 row x 65536 26.9 -> 5.5; bfloat16 softmax 8 x 65536 16.8 -> 6.2.  The
+profiler's kernel time for the first: 24.3 -> 4.3 µs
+(``coop-diag-session10.txt``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._rows import interpreting, next_pow2, to_dtype
+
+# Rows narrower than this many bytes keep one program a row: they are done
+# in about a launch's time anyway.  H200, event time after an L2 flush
+# (reports/h200/coop-sweep-session10.txt), one program a row -> split: at
+# 64 KiB a row the split won nearly everywhere (float32 N = 16384, rows=1:
+# rms_norm 6.4 -> 4.9 µs, layer_norm 6.3 -> 5.5, softmax 7.7 -> 5.1), at
+# 32 KiB it was even or lost (bfloat16 N = 16384, rows=1: rms_norm 4.7 ->
+# 5.3, layer_norm 5.3 -> 5.5; float32 N = 8192 rms_norm 4.7 -> 5.2).
+COOP_MIN_BYTES = 65536
+# A program's chunk is at least this many bytes ...
+MIN_CHUNK_BYTES = 2048
+# ... and at most this many elements, else the row keeps one program.  H200,
+# 64 rows x 65536, one program a row -> two chunks of 32768 in 32 warps,
+# event time after an L2 flush (reports/h200/coop-early-host-session10.txt):
+# float32 layer_norm 30.6 -> 19.2 µs, add_layer_norm 36.1 -> 30.9, rms_norm
+# 17.3 -> 15.2, softmax 25.6 -> 17.6; bfloat16 layer_norm 24.1 -> 13.1.
+MAX_CHUNK = 32768
+# Threads: 16 elements each, 4 to 16 warps; chunks past 16384 elements take 32 warps.
+ELEMENTS_PER_THREAD = 16
+MIN_WARPS = 4
+MAX_WARPS = 16
+WIDE_CHUNK = 16384
+WIDE_CHUNK_WARPS = 32
+# Every launch adds EPOCH to each row's counter: at most EPOCH programs a row.
+EPOCH_BITS = tl.constexpr(10)
+EPOCH = 1 << 10
+# The interpreter has no SMs; route as on an H100/H200 so the CPU tests take the GPU's paths.
+INTERPRETER_SMS = 132
+# Workspace: a counter a row and two float32 partials a program.
+MAX_ROWS = 1024
+MAX_PROGRAMS = 4096
+# Each row's counter on its own 128-byte line: the programs of one row poll
+# it while those of the next row add to theirs.
+COUNTER_STRIDE = tl.constexpr(32)
+
+
+class CoopBlocks(NamedTuple):
+    """A row split over ``splits`` programs of ``chunk`` columns (the last may be partly masked)."""
+
+    chunk: int
+    splits: int
+    num_warps: int
+
+    @property
+    def slots(self) -> int:
+        """``splits`` rounded up to a power of two: the length of the vectors the partials merge in."""
+        return next_pow2(self.splits)
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (``INTERPRETER_SMS`` under the interpreter)."""
+    if interpreting() or device.type != "cuda":
+        return INTERPRETER_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def coop_config(rows: int, n: int, element_size: int, device: torch.device) -> CoopBlocks | None:
+    """How to split ``rows`` rows of ``n`` elements over programs, or None to keep one program a row.
+
+    A row is split when it is at least ``COOP_MIN_BYTES`` wide and at least
+    two programs a row fit on the SMs; it is split as finely as the SMs
+    allow down to chunks of ``MIN_CHUNK_BYTES``, and not at all where a
+    chunk would exceed ``MAX_CHUNK`` elements; never with ``FUSEAUDIT_COOP=0``.
+    Module constants are read at call time, so tests lower them to split
+    small rows.
+    """
+    return _coop_config(rows, n, element_size, sm_count(device), knobs())
+
+
+@functools.lru_cache(maxsize=4096)
+def _coop_config(rows: int, n: int, element_size: int, sms: int, knobs: tuple[int, ...]) -> CoopBlocks | None:
+    min_bytes, min_chunk_bytes, max_chunk = knobs
+    if min_bytes < 0 or n * element_size < min_bytes or rows > min(sms // 2, MAX_ROWS):
+        return None
+    most = min(sms // rows, EPOCH, MAX_PROGRAMS // rows)  # programs a row
+    chunk = max(next_pow2(triton.cdiv(n, most)), next_pow2(max(min_chunk_bytes // element_size, 1)))
+    splits = triton.cdiv(n, chunk)
+    if splits < 2 or chunk > max_chunk:
+        return None
+    warps = min(max(chunk // ELEMENTS_PER_THREAD // 32, MIN_WARPS), MAX_WARPS)
+    if chunk > WIDE_CHUNK:
+        warps = WIDE_CHUNK_WARPS
+    return CoopBlocks(chunk, splits, warps)
+
+
+def launch_options() -> dict[str, bool]:
+    """Triton's launch option for a cooperative grid (none under the interpreter, which runs no grid at once)."""
+    return {} if interpreting() else {"launch_cooperative_grid": True}
+
+
+_WORKSPACES: dict[tuple[str, int | None, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials, counters)`` for cooperative launches on ``device``'s current stream.
+
+    Allocated (and zeroed, once) on first use; a later launch on the same
+    stream follows the previous one, so they share it safely.  A CUDA graph
+    keeps the workspace of the stream it was captured on; replaying it while
+    that stream runs the same kind of launch is not supported.
+    """
+    key = (device.type, device.index, _current_stream(device) if device.type == "cuda" else 0)
+    try:
+        return _WORKSPACES[key]
+    except KeyError:
+        pass
+    buffers = (torch.zeros(2 * MAX_PROGRAMS, dtype=torch.float32, device=device),
+               torch.zeros(MAX_ROWS * COUNTER_STRIDE.value, dtype=torch.int32, device=device))
+    _WORKSPACES[key] = buffers
+    return buffers
+
+
+def _current_stream(device: torch.device) -> int:
+    """The raw handle of ``device``'s current stream.
+
+    ``torch.cuda.current_stream()`` builds a Stream object (about 3 µs on
+    the H200's host, as much as the rest of the lookup); the raw handle is
+    what torch.compile's generated code reads.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+@triton.jit
+def arrive_step(split, SPLITS: tl.constexpr):
+    """What program ``split`` of a row adds to its counter: the shares add up to exactly ``EPOCH``."""
+    share = (1 << EPOCH_BITS) // SPLITS
+    return tl.where(split == 0, (1 << EPOCH_BITS) - share * (SPLITS - 1), share)
+
+
+@triton.jit
+def publish(Part, row, split, a, b, SPLITS: tl.constexpr):
+    """Store one program's partial ``(a, b)`` in its slot of the row's ``2 * SPLITS`` floats."""
+    slot = Part + (row * SPLITS + split) * 2
+    tl.store(slot, a)
+    tl.store(slot + 1, b)
+
+
+@triton.jit
+def arrive_and_wait(Count, row, split, SPLITS: tl.constexpr):
+    """Arrive at the row's counter, then wait until every program of the row has.
+
+    The barrier puts every thread's partial before the counter's release;
+    the acquire makes the other programs' partials visible in return.
+    """
+    tl.debug_barrier()
+    counter = Count + row * COUNTER_STRIDE
+    old = tl.atomic_add(counter, arrive_step(split, SPLITS), sem="acq_rel")
+    now = old + arrive_step(split, SPLITS)
+    while ((now ^ old) >> EPOCH_BITS) == 0:  # still in the epoch we arrived in
+        now = tl.atomic_add(counter, 0, sem="acquire")
+
+
+@triton.jit
+def gather(Part, row, SPLITS: tl.constexpr, SLOTS: tl.constexpr, A_PAD: tl.constexpr, B_PAD: tl.constexpr):
+    """The row's partials as two ``[SLOTS]`` vectors (padded with ``A_PAD``, ``B_PAD``), and their mask.
+
+    ``SLOTS`` is ``SPLITS`` rounded up to a power of two (see :class:`CoopBlocks`).
+    ``.cg`` reads at L2, where the other programs' stores are, never a stale L1 line.
+    """
+    s = tl.arange(0, SLOTS)
+    valid = s < SPLITS
+    slot = Part + (row * SPLITS + s) * 2
+    a = tl.load(slot, mask=valid, other=A_PAD, cache_modifier=".cg")
+    b = tl.load(slot + 1, mask=valid, other=B_PAD, cache_modifier=".cg")
+    return a, b, valid
+
+
+@triton.jit
+def chunk_width(split, N, CHUNK: tl.constexpr):
+    """Columns of the row that chunk ``split`` holds (``CHUNK``, fewer for the last)."""
+    return tl.minimum(N - split * CHUNK, CHUNK)
+
+
+
+
+@triton.jit
+def load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
+    """Columns ``cols`` of one row in float32 (0 where masked).
+
+    With a residual it returns ``h = x + residual`` instead, rounded to the
+    dtype of ``H`` as eager's ``x + residual`` is, after storing it to ``H``
+    (the output row starting at ``out``).
+    """
+    x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(r_row + cols.to(tl.int64) * srn, mask=mask, other=0.0).to(tl.float32)
+        h = to_dtype(x + r, H.dtype.element_ty)
+        tl.store(H + out + cols, h, mask=mask)
+        x = h.to(tl.float32)  # what is normalised is the rounded h
+    return x
+
+
+def enabled() -> bool:
+    """False with ``FUSEAUDIT_COOP=0``: every row keeps one program (e.g. where cooperative launches are refused)."""
+    return os.environ.get("FUSEAUDIT_COOP", "1") not in ("", "0")
+
+
+def knobs() -> tuple[int, int, int]:
+    """The module constants a plan depends on (part of its cache key, see ``_launch.planned``)."""
+    return (COOP_MIN_BYTES if enabled() else -1), MIN_CHUNK_BYTES, MAX_CHUNK
+
+
+__all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "enabled", "gather", "knobs",
+           "launch_options", "load_chunk", "publish", "sm_count", "workspace"]

@@ -1,0 +1,238 @@
+"""The cooperative path of the row-wise kernels: a few wide rows, each split over several programs.
+
+At decode sizes a wide row is split over ``SPLITS`` programs of one
+cooperative launch (``kernels/_coop.py``); each publishes a partial of its
+chunk and merges the row's.  CI's rows are far narrower than the real
+threshold (32 KiB a row), so these tests lower it to 16 bytes and the chunk
+to 16 bytes, and (under the interpreter) count 16 SMs: every row of a few
+elements and at most 8 rows splits into up to 16 chunks.  Under the
+interpreter each program computes all the partials itself (programs run one
+after another there); on the GPU the programs publish and wait for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from unittest import mock
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fuseaudit.case import Case, materialize
+from fuseaudit.catalog import OPS
+from fuseaudit.check import run_case
+from fuseaudit.strategies import cases
+
+ROW_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
+SPLIT_SMS = 16
+
+
+@contextlib.contextmanager
+def split_small_rows() -> Iterator[None]:
+    """Lower the cooperative path's thresholds so that CI-sized rows take it."""
+    from fuseaudit.kernels import _coop
+
+    with mock.patch.multiple(_coop, COOP_MIN_BYTES=16, MIN_CHUNK_BYTES=16, INTERPRETER_SMS=SPLIT_SMS):
+        yield
+
+
+def _coop_blocks(case: Case, element_size: int, device: str):
+    import torch
+    from fuseaudit.kernels import _coop
+
+    rows = math.prod(case.dims["lead"])
+    return _coop.coop_config(rows, case.dims["N"], element_size, torch.device(device))
+
+
+def _assert_within_policy(op: str, inputs: dict, params: dict, got) -> None:
+    """``got`` (the op's first output) against eager and float64 under the tolerance policy."""
+    from fuseaudit.tolerance import compare
+
+    spec = OPS[op]
+    oracle = spec.run_oracle(inputs, params)[0]
+    cmp = compare("y", got, spec.run_eager(inputs, params)[0], oracle, dtype=got.dtype,
+                  fallback_ulps=spec.fallback_ulps, float32_scale=spec.float32_scale(inputs, params, oracle))
+    assert cmp.passed, f"{op} {got.dtype}: {cmp.reason}"
+
+
+def _plan_kernel(op: str, inputs: dict, params: dict) -> str:
+    """Name of the kernel the op's wrapper plans for these inputs."""
+    from fuseaudit.kernels import layer_norm, rms_norm, softmax
+
+    x = inputs["x"]
+    if op == "softmax":
+        plan = softmax._plan(x, params.get("scale", 1.0))
+    elif op.endswith("rms_norm"):
+        tuning = rms_norm.ADD_TUNING if op.startswith("add") else rms_norm.TUNING
+        plan = rms_norm._plan(op, x, inputs.get("residual"), inputs["weight"], params["eps"], tuning)
+    else:
+        tuning = layer_norm.ADD_TUNING if op.startswith("add") else layer_norm.TUNING
+        plan = layer_norm._plan(op, x, inputs.get("residual"), inputs["weight"], inputs["bias"], params["eps"],
+                                tuning)
+    assert plan is not None
+    return plan.kernel.__name__
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+@settings(max_examples=8)
+@given(data=st.data())
+def test_coop_path(op, data, fuseaudit_device):
+    """Shapes, dtypes, strides and values of the shared strategies, split over programs."""
+    spec = OPS[op]
+    case = data.draw(cases(spec), label="case")
+    with split_small_rows():
+        blocks = _coop_blocks(case, {"float32": 4}.get(case.dtype, 2), fuseaudit_device)
+        assume(blocks is not None)
+        assert 2 <= blocks.splits <= blocks.slots < 2 * blocks.splits
+        run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                 target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+@pytest.mark.parametrize("regime", ["near_constant", "large", "outliers"])
+def test_coop_statistics(op, regime, fuseaudit_device):
+    """The chunk partials and their merge on the hard value regimes, in every dtype and a strided layout each.
+
+    A constant offset ten times the row's spread (the variance a sliver of
+    the mean square: layer_norm's merge must not cancel), magnitudes up to
+    2048, outlier channels; 1000 columns in 16 chunks of 64 (float32), 777
+    in 13 of 64 (bfloat16, transposed), 130 in 9 of 16 (float16, padded rows).
+    """
+    spec = OPS[op]
+    if regime not in spec.regimes:
+        pytest.skip(f"{op} does not draw the {regime} regime")
+    with split_small_rows():
+        for dtype, layout, n, lead in (("float32", "contiguous", 1000, (1,)), ("bfloat16", "transposed", 777, (3,)),
+                                       ("float16", "padded", 130, (2, 4))):
+            case = Case(op=op, dtype=dtype, dims={"lead": lead, "N": n}, regime=regime,
+                        layouts={name: layout for name in spec.input_names}, params=spec.defaults(), seed=n)
+            blocks = _coop_blocks(case, 4 if dtype == "float32" else 2, fuseaudit_device)
+            assert blocks is not None and blocks.splits >= 2
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
+
+
+def test_coop_softmax_special_values(fuseaudit_device):
+    """NaN, +inf, -inf and all -inf rows, and a row whose chunks are all -inf but one: as float64 has them."""
+    import torch
+    from fuseaudit.kernels import softmax
+
+    spec = OPS["softmax"]
+    inf, nan = float("inf"), float("nan")
+    n = 300
+    rows = [
+        [1.0, nan] + [0.5] * (n - 2),
+        [0.25] * (n - 1) + [inf],
+        [-inf, 1.0] + [0.5] * (n - 2),
+        [-inf] * n,
+        [-inf] * (n - 3) + [-100.0, -101.0, -99.5],  # one live chunk, far below 0
+        [float(i - n // 2) / 8 for i in range(n)],
+    ]
+    params = spec.defaults()
+    with split_small_rows():
+        for dtype in (torch.float32, torch.bfloat16):
+            inputs = {"x": torch.tensor(rows, dtype=dtype, device=fuseaudit_device)}
+            assert _plan_kernel("softmax", inputs, params) == "softmax_coop_kernel"
+            _assert_within_policy("softmax", inputs, params, softmax.softmax(**inputs, **params))
+
+
+def test_coop_constant_rows_are_exact(fuseaudit_device):
+    """A constant row normalises to exactly ``b`` (layer_norm) and exactly ``x * rsqrt(x^2 + eps) * w`` (rms_norm)."""
+    import torch
+    from fuseaudit.kernels import layer_norm
+
+    with split_small_rows():
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.full((3, 500), 0.1, dtype=dtype, device=fuseaudit_device)
+            w = torch.linspace(-2, 2, 500, dtype=dtype, device=fuseaudit_device)
+            b = torch.linspace(-1, 3, 500, dtype=dtype, device=fuseaudit_device)
+            assert _plan_kernel("layer_norm", {"x": x, "weight": w, "bias": b}, {"eps": 1e-5}) == \
+                "layer_norm_coop_kernel"
+            assert torch.equal(layer_norm.layer_norm(x, w, b), b.expand(3, 500))
+
+
+def test_coop_routing():
+    """Which calls split, with the real thresholds: wide rows at decode sizes only, never past the SMs."""
+    import torch
+    from fuseaudit.kernels import _coop
+
+    def cfg(rows, n, size, sms=132):
+        return _coop._coop_config(rows, n, size, sms, _coop.knobs())
+
+    assert cfg(8, 65536, 4) == _coop.CoopBlocks(chunk=4096, splits=16, num_warps=8)
+    assert cfg(1, 65536, 4) == _coop.CoopBlocks(chunk=512, splits=128, num_warps=4)
+    assert cfg(1, 11008, 2) is None  # 22 KB: one program a row
+    assert cfg(8, 16384, 2) is None and cfg(8, 16384, 4) is not None  # 32 KiB a row no, 64 KiB yes
+    assert cfg(3, 32768 + 1000, 2).splits == 33  # 33768 in chunks of 1024 (44 a row fit): the last partly masked
+    assert cfg(64, 65536, 4) == cfg(64, 65536, 2) == _coop.CoopBlocks(chunk=32768, splits=2, num_warps=32)
+    assert cfg(64, 131072, 2) is None  # two chunks of 65536 would not fit in registers
+    assert cfg(64, 32768, 4) == _coop.CoopBlocks(chunk=16384, splits=2, num_warps=16)
+    assert cfg(67, 65536, 2) is None  # fewer than two programs a row on 132 SMs
+    for rows in (1, 3, 8, 17, 33, 66):
+        for n in (8192, 16384, 20000, 32768, 65536, 100000):
+            for size in (2, 4):
+                blocks = cfg(rows, n, size)
+                if blocks is not None:
+                    assert rows * blocks.splits <= 132, "a cooperative grid must be resident at once"
+                    assert blocks.chunk * (blocks.splits - 1) < n <= blocks.chunk * blocks.splits
+                    assert blocks.chunk * size >= _coop.MIN_CHUNK_BYTES and blocks.chunk <= _coop.MAX_CHUNK
+    assert _coop.coop_config(8, 65536, 4, torch.device("cpu")) == cfg(8, 65536, 4, _coop.INTERPRETER_SMS)
+    with mock.patch.dict("os.environ", {"FUSEAUDIT_COOP": "0"}):
+        assert _coop.coop_config(8, 65536, 4, torch.device("cpu")) is None, "FUSEAUDIT_COOP=0 keeps one program a row"
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_coop_is_one_launch(op, fuseaudit_device):
+    """The split row is still one kernel launch (the workspace is allocated once, before the counted call)."""
+    from fuseaudit.launches import count_launches
+
+    spec = OPS[op]
+    case = Case(op=op, dtype="float32", dims={"lead": (2,), "N": 200},
+                layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=1)
+    inputs = materialize(case, fuseaudit_device)
+    with split_small_rows():
+        assert _plan_kernel(op, inputs, case.params).endswith("_coop_kernel")
+        count = count_launches(spec.load_reference(), *(inputs[n] for n in spec.input_names),
+                               device=fuseaudit_device, **case.params)
+    assert count.count == 1, count.describe()
+
+
+@pytest.mark.fuseaudit_gpu
+def test_coop_counters_wrap_and_replay(fuseaudit_device):
+    """The row counters cross int32's wrap-around, and a captured CUDA graph replays the split launch.
+
+    Every launch adds ``EPOCH`` to each row's counter and never resets it;
+    set just below 2^31 it wraps to negative within a few calls, and each
+    call must still wait for all its row's programs (outputs equal to a
+    fresh launch's, no hang).
+    """
+    import torch
+    from fuseaudit.kernels import _coop, layer_norm
+
+    x = torch.randn(8, 65536, device="cuda")
+    inputs = {"x": x, "weight": torch.randn(65536, device="cuda"), "bias": torch.randn(65536, device="cuda")}
+    params = {"eps": 1e-5}
+    assert _plan_kernel("layer_norm", inputs, params) == "layer_norm_coop_kernel"
+    _, counters = _coop.workspace(x.device)
+    counters.fill_(2**31 - 2 * _coop.EPOCH)
+    for _ in range(5):
+        _assert_within_policy("layer_norm", inputs, params, layer_norm.layer_norm(**inputs, **params))
+    torch.cuda.synchronize()
+    assert int(counters[0]) == -(2**31) + 3 * _coop.EPOCH, "each launch adds EPOCH to each row's counter"
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer_norm.layer_norm(**inputs, **params)  # the capture stream's workspace, before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            y = layer_norm.layer_norm(**inputs, **params)
+    torch.cuda.current_stream().wait_stream(stream)
+    for scale in (1.0, -2.0, 0.5):
+        x.mul_(scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_within_policy("layer_norm", inputs, params, y)
