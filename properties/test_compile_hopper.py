@@ -1,5 +1,7 @@
 """The row kernels compile for Hopper (sm_90) with every tile the launch rules pick, without a GPU.
 
+(The cooperative kernels too, whose waiting code the interpreter never runs.)
+
 Triton's interpreter runs a kernel's Python; it never runs Triton's compiler,
 so code the compiler rejects passes every CPU test and first fails on a GPU.
 (A plain ``flag = True`` assigned in a kernel becomes a runtime value, and a
@@ -42,6 +44,7 @@ SCRIPT = textwrap.dedent(
         (softmax, softmax.TUNING, dict()),
     ]
     POINTERS = ("X", "R", "W", "B", "Y", "H")
+    WORKSPACE = {"Part": "*fp32", "Count": "*i32"}  # the cooperative kernels' (kernels/_coop.py)
     WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 11008, 16384, 40000)
     ROWS = (8, 16384)
 
@@ -52,18 +55,21 @@ SCRIPT = textwrap.dedent(
                 sig[name] = "constexpr"
             elif name in POINTERS:
                 sig[name] = "*" + TYPES[dtype]
+            elif name in WORKSPACE:
+                sig[name] = WORKSPACE[name]
             elif name in ("eps", "scale"):
                 sig[name] = "fp32"
             else:
                 sig[name] = "i32"
         return sig
 
-    def compile_ptx(fn, dtype, consts, num_warps):
+    def compile_ptx(fn, dtype, consts, num_warps, **options):
         # Tensors are 16-byte aligned, as Triton specialises fresh allocations; integers unknown.
-        attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in POINTERS if k in fn.arg_names}
+        attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]]
+                 for k in POINTERS + tuple(WORKSPACE) if k in fn.arg_names}
         src = ASTSource(fn=fn, signature=signature(fn, dtype, consts),
                         constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-        return triton.compile(src, target=TARGET, options={"num_warps": num_warps}).asm["ptx"]
+        return triton.compile(src, target=TARGET, options={"num_warps": num_warps, **options}).asm["ptx"]
 
     seen, failures = set(), []
     for module, tuning, extra in FAMILIES:
@@ -106,7 +112,40 @@ SCRIPT = textwrap.dedent(
                         if "ld.global.v4.b32" not in ptx or "st.global.b16" in ptx or scalar_loads > allowed:
                             failures.append(f"{fn.__name__} {dtype} N=3000 ALIGN={consts['ALIGN']}: "
                                             f"not 16-byte vectorised ({scalar_loads} 2-byte loads)")
-    print(f"compiled {len(seen)} kernel variants for sm_90, {len(failures)} failed")
+    # The cooperative kernels, at the splits an H200 (132 SMs) takes for a few wide rows: they must
+    # compile for a cooperative grid, publish with a release and wait with acquire loads in a loop.
+    from fuseaudit.kernels import _coop
+
+    for module, tuning, extra in FAMILIES:
+        name = module.__name__.rsplit(".", 1)[-1]
+        coop = getattr(module, name + "_coop_kernel")
+        for dtype in TYPES:
+            for n in (16384, 40000, 65536):
+                for rows in (1, 8, 64):
+                    c = _coop._coop_config(rows, n, dtype.itemsize, 132, _coop.knobs())
+                    if c is None:
+                        continue
+                    consts = dict(extra, CHUNK=c.chunk, SPLITS=c.splits, SLOTS=c.slots, ALIGN=min(n & -n, 16),
+                                  COOPERATIVE=True)
+                    consts.update({k: 1 for k in ("D1", "D2", "sxn", "srn", "swn", "sbn") if k in coop.arg_names})
+                    if module is softmax:
+                        consts["PRECISE"] = dtype == torch.float32
+                    if "EARLY" in coop.arg_names:
+                        consts["EARLY"] = c.chunk <= layer_norm.COOP_EARLY_MAX
+                    key = (coop.__name__, dtype, tuple(sorted(consts.items())), c.num_warps)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    try:
+                        ptx = compile_ptx(coop, dtype, consts, c.num_warps, launch_cooperative_grid=True)
+                    except Exception as e:
+                        failures.append(f"{coop.__name__} {dtype} N={n} rows={rows} {consts} "
+                                        f"num_warps={c.num_warps}: {type(e).__name__}: {e}")
+                        continue
+                    if "atom.global.gpu.acq_rel.add" not in ptx or "ld.global.gpu.acquire" not in ptx:
+                        failures.append(f"{coop.__name__} {dtype} N={n} rows={rows}: no release/acquire pair")
+    n_coop = sum(key[0].endswith("_coop_kernel") for key in seen)
+    print(f"compiled {len(seen)} kernel variants for sm_90 ({n_coop} cooperative), {len(failures)} failed")
     for f in failures:
         print(f)
     sys.exit(1 if failures else 0)
@@ -121,3 +160,5 @@ def test_row_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     assert "compiled" in proc.stdout and " 0 failed" in proc.stdout, proc.stdout
+    cooperative = int(proc.stdout.split(" cooperative)")[0].rsplit("(", 1)[1])
+    assert cooperative >= 3 * 3, f"expected the three cooperative kernels in every dtype: {proc.stdout}"

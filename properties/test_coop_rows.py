@@ -98,8 +98,10 @@ def test_coop_statistics(op, regime, fuseaudit_device):
 
     A constant offset ten times the row's spread (the variance a sliver of
     the mean square: layer_norm's merge must not cancel), magnitudes up to
-    2048, outlier channels; 1000 columns in 16 chunks of 64 (float32), 777
-    in 13 of 64 (bfloat16, transposed), 130 in 9 of 16 (float16, padded rows).
+    2048, outlier channels.  Under the interpreter (16 SMs counted): one
+    float32 row of 1000 in 16 chunks of 64, three bfloat16 rows of 777
+    (transposed) in 4 chunks of 256, eight float16 rows of 130 (padded) in
+    2 of 128; on an H200 the same rows split finer (132 SMs).
     """
     spec = OPS[op]
     if regime not in spec.regimes:
