@@ -56,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import interpreting, next_pow2, to_dtype
+from ._rows import interpreting, next_pow2
 
 # Rows narrower than this many bytes keep one program a row: they are done
 # in about a launch's time anyway.  H200, event time after an L2 flush
@@ -239,23 +239,6 @@ def chunk_width(split, N, CHUNK: tl.constexpr):
 
 
 
-@triton.jit
-def load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
-    """Columns ``cols`` of one row in float32 (0 where masked).
-
-    With a residual it returns ``h = x + residual`` instead, rounded to the
-    dtype of ``H`` as eager's ``x + residual`` is, after storing it to ``H``
-    (the output row starting at ``out``).
-    """
-    x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(r_row + cols.to(tl.int64) * srn, mask=mask, other=0.0).to(tl.float32)
-        h = to_dtype(x + r, H.dtype.element_ty)
-        tl.store(H + out + cols, h, mask=mask)
-        x = h.to(tl.float32)  # what is normalised is the rounded h
-    return x
-
-
 def enabled() -> bool:
     """False with ``FUSEAUDIT_COOP=0``: every row keeps one program (e.g. where cooperative launches are refused)."""
     return os.environ.get("FUSEAUDIT_COOP", "1") not in ("", "0")
@@ -267,4 +250,4 @@ def knobs() -> tuple[int, int, int]:
 
 
 __all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "enabled", "gather", "knobs",
-           "launch_options", "load_chunk", "publish", "sm_count", "workspace"]
+           "launch_options", "publish", "sm_count", "workspace"]

@@ -205,20 +205,28 @@ def row_alignment(n: int, layout: RowLayout) -> int:
 
 
 @triton.jit
-def load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
-    """A ``rows x cols`` tile of ``x`` in float32 (``*_rows``: each row's offset, ``[BLOCK_M]``).
+def load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
+    """Columns ``cols`` of a row of ``x`` in float32, 0 where masked (``x_row``: a pointer to the row).
 
     With a residual it returns ``h = x + residual`` instead, rounded to the
     dtype of ``H`` as eager's ``x + residual`` is, after storing it to ``H``
-    (a contiguous output: row ``r`` starts at ``out_rows[r]``).
+    (a contiguous output whose row starts at offset ``out``).  Pointers and
+    offsets may be ``[BLOCK_M, 1]`` and ``cols`` ``[1, BLOCK_N]``: a tile.
     """
-    x = tl.load(X + x_rows[:, None] + cols[None, :].to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        r = tl.load(R + r_rows[:, None] + cols[None, :].to(tl.int64) * srn, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_row + cols.to(tl.int64) * srn, mask=mask, other=0.0).to(tl.float32)
         h = to_dtype(x + r, H.dtype.element_ty)
-        tl.store(H + out_rows[:, None] + cols[None, :], h, mask=mask)
+        tl.store(H + out + cols, h, mask=mask)
         x = h.to(tl.float32)  # what is normalised is the rounded h
     return x
+
+
+@triton.jit
+def load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
+    """A ``rows x cols`` tile of ``x`` (``*_rows``: each row's offset, ``[BLOCK_M]``): :func:`load_chunk` of a tile."""
+    return load_chunk(X, R, H, X + x_rows[:, None], R + r_rows[:, None], out_rows[:, None], cols[None, :], mask,
+                      sxn, srn, HAS_RESIDUAL)
 
 
 # Widest row a program keeps whole in registers, in bytes of the input dtype:

@@ -75,7 +75,6 @@ from ._coop import (
     coop_config,
     gather,
     launch_options,
-    load_chunk,
     publish,
     workspace,
 )
@@ -86,6 +85,7 @@ from ._rows import (
     aligned_width,
     check_row_shapes,
     check_tensors,
+    load_chunk,
     load_rows,
     out_row_offsets,
     row_alignment,

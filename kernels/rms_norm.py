@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from . import _coop, _rows
-from ._coop import arrive_and_wait, coop_config, gather, launch_options, load_chunk, publish, workspace
+from ._coop import arrive_and_wait, coop_config, gather, launch_options, publish, workspace
 from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
@@ -52,6 +52,7 @@ from ._rows import (
     aligned_width,
     check_row_shapes,
     check_tensors,
+    load_chunk,
     load_rows,
     out_row_offsets,
     row_alignment,
@@ -225,7 +226,7 @@ def rms_norm_coop_kernel(
     cols = split * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
     x = load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL)
-    w = tl.load(W + cols * swn, mask=mask, other=0.0)  # now: the wait below hides it
+    w = _load_w(W, cols, N, swn)  # now: the wait below hides it
 
     # The partial is the chunk's sum of squares.
     if COOPERATIVE:
