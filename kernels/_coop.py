@@ -82,7 +82,7 @@ WIDE_CHUNK = 16384
 WIDE_CHUNK_WARPS = 32
 # Every launch adds EPOCH to each row's counter: at most EPOCH programs a row.
 EPOCH_BITS = tl.constexpr(10)
-EPOCH = 1 << 10
+EPOCH = 1 << EPOCH_BITS.value
 # The interpreter has no SMs; route as on an H100/H200 so the CPU tests take the GPU's paths.
 INTERPRETER_SMS = 132
 # Workspace: a counter a row and two float32 partials a program.
