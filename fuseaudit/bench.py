@@ -66,6 +66,16 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return value
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -138,6 +148,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="budget for the whole run; points that would not fit are skipped and listed")
     parser.add_argument("--target-seconds", type=_positive, default=0.05,
                         help="device time the timed repeats of one measurement fill (default 0.05)")
+    parser.add_argument("--rounds", type=_positive_int, default=3,
+                        help="interleaved timing rounds per point: each round times every contender in turn, the "
+                        "order rotated (default 3; 1: one contender after the other)")
     parser.add_argument("--energy-seconds", type=_non_negative, default=0.0,
                         help="extra back-to-back loop per measurement for NVML energy per call (default 0: off)")
     parser.add_argument("--no-launches", action="store_true", help="skip the profiler launch counts")
@@ -230,7 +243,7 @@ def _run_point(session: _Session, the_plan: Plan, spec: OpSpec, point: Point) ->
 
     from . import benchjson
     from .contenders import ContenderUnavailable, build, contenders_for
-    from .measure import measure
+    from .measure import measure, time_contenders
     from .sweep import bench_inputs
     from .timing import HOLD_US
 
@@ -240,24 +253,34 @@ def _run_point(session: _Session, the_plan: Plan, spec: OpSpec, point: Point) ->
     except torch.cuda.OutOfMemoryError as exc:
         session.skipped.append({**where, "impl": "*", "reason": f"inputs do not fit: {str(exc).splitlines()[0]}"})
         return
+    built_all = []
     for contender in contenders_for(spec, include=the_plan.kinds, targets=the_plan.targets.get(spec.name)):
         try:
-            built = build(contender, spec, point, inputs)
-            m = measure(built, spec, point, inputs, device=session.device, copy_gbps=session.copy_gbps,
-                        options=session.options)
-            del built  # drop compiled graphs before the next contender
+            built_all.append(build(contender, spec, point, inputs))
         except ContenderUnavailable as exc:
             session.skipped.append({**where, "impl": contender.name, "reason": str(exc)})
-            continue
-        except Exception as exc:  # a contender that fails mid-measure never ends the sweep
+        except Exception as exc:  # a contender that fails never ends the sweep
             session.skipped.append({**where, "impl": contender.name,
+                                    "reason": f"{type(exc).__name__}: {str(exc).strip()[:300]}"})
+    # Every contender is timed in interleaved rounds (measure.time_contenders), then its other figures.
+    timed_all = time_contenders([b.call for b in built_all], device=session.device, options=session.options)
+    for built, timed in zip(built_all, timed_all):
+        try:
+            if isinstance(timed, Exception):
+                raise timed
+            m = measure(built, spec, point, inputs, device=session.device, copy_gbps=session.copy_gbps,
+                        options=session.options, timed=timed)
+        except Exception as exc:  # a contender that fails mid-measure never ends the sweep
+            session.skipped.append({**where, "impl": built.contender.name,
                                     "reason": f"{type(exc).__name__}: {str(exc).strip()[:300]}"})
             continue
         session.entries.append(benchjson.benchmark_entry(
             op=spec.name, impl=m.contender, point_label=point.label, dtype=point.dtype,
             params=point.bench_params(), samples_s=[s * 1e-6 for s in m.timing.samples_us], extra_info=m.extra,
             options={"timer": "cuda_event", "mode": m.timing.mode, "l2_flush": True, "hold_us": HOLD_US,
-                     "target_seconds": session.options.target_seconds, "min_rounds": session.options.min_repeats}))
+                     "rounds": session.options.rounds, "target_seconds": session.options.target_seconds,
+                     "min_rounds": session.options.min_repeats}))
+    del built_all, timed_all  # drop compiled graphs before the next point
     _add_ratios(session.entries, spec.name, point)
     del inputs
     gc.collect()
@@ -274,7 +297,7 @@ def _run(the_plan: Plan, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
     dev = require_cuda()
     session = _Session(device=dev, copy_gbps=measure_copy_bandwidth(dev),
                        options=MeasureOptions(target_seconds=args.target_seconds, launches=not args.no_launches,
-                                              energy_seconds=args.energy_seconds))
+                                              energy_seconds=args.energy_seconds, rounds=args.rounds))
     print(f"fuseaudit bench: {torch.cuda.get_device_name(dev)}, copy bandwidth {session.copy_gbps:.0f} GB/s, "
           f"{len(the_plan.points)} point(s)", file=sys.stderr)
     t_start = time.monotonic()

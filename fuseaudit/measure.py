@@ -33,9 +33,10 @@ from .catalog import OpSpec, as_tuple
 from .contenders import Built
 from .launches import count_launches
 from .sweep import Point
-from .timing import Timing, gbps, require_cuda, time_events, time_graph, time_host
+from .timing import Timing, gbps, require_cuda, time_events, time_events_rounds, time_graph, time_host
 
-__all__ = ["MeasureOptions", "Measurement", "energy_loop", "figures", "measure", "peak_memory"]
+__all__ = ["MeasureOptions", "Measurement", "Timed", "energy_loop", "figures", "measure", "peak_memory",
+           "time_contenders"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class MeasureOptions:
     launches: bool = True
     memory: bool = True
     energy_seconds: float = 0.0  # > 0: an extra back-to-back loop this long for energy per call
+    rounds: int = 3  # time_contenders: interleaved rounds (see timing.time_events_rounds)
 
     def __post_init__(self) -> None:
         for name in ("target_seconds", "graph_below_us", "energy_seconds"):
@@ -60,7 +62,7 @@ class MeasureOptions:
                 raise ValueError(f"{name} must be a non-negative number, got {value!r}")
         if self.target_seconds <= 0:
             raise ValueError("target_seconds must be positive")
-        for name in ("warmup", "min_repeats", "max_repeats", "calls_per_graph", "host_calls"):
+        for name in ("warmup", "min_repeats", "max_repeats", "calls_per_graph", "host_calls", "rounds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup" else 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -150,10 +152,44 @@ def _safe(fn: Any) -> Any:
         return {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
 
 
+@dataclass(frozen=True)
+class Timed:
+    """A contender's event timing taken beside others (:func:`time_contenders`), with its NVML sample."""
+
+    timing: Timing
+    nvml: dict[str, Any]
+
+
+def time_contenders(calls: list[Any], *, device: torch.device | str,
+                    options: MeasureOptions | None = None) -> list[Timed | Exception]:
+    """Event timing of every contender at one point in interleaved rounds (``options.rounds``).
+
+    Per contender a :class:`Timed` (NVML conditions over its first round) or
+    the exception its call raised; :func:`measure` takes the former as
+    ``timed`` and gathers the other figures.
+    """
+    opts = options or MeasureOptions()
+    dev = require_cuda(device)
+    probes = [nvml.sample(nvml.nvml_index(dev.index)) for _ in calls]
+    timings = time_events_rounds(calls, rounds=opts.rounds, warmup=opts.warmup, target_seconds=opts.target_seconds,
+                                 min_repeats=opts.min_repeats, max_repeats=opts.max_repeats, arounds=probes,
+                                 device=dev)
+    out: list[Timed | Exception] = []
+    for timing, probe in zip(timings, probes):
+        if isinstance(timing, Exception):
+            out.append(timing)
+            continue
+        loop = dict(probe.result)
+        if loop.get("energy_j") is not None:
+            loop["note"] = "over the first round of timed repeats, each preceded by an L2 flush"
+        out.append(Timed(timing, loop))
+    return out
+
+
 def measure(built: Built, spec: OpSpec, point: Point, inputs: dict[str, torch.Tensor], *,
-            device: torch.device | str, copy_gbps: float | None, options: MeasureOptions | None = None
-            ) -> Measurement:
-    """Time ``built`` at ``point`` and gather its figures (see the module docstring)."""
+            device: torch.device | str, copy_gbps: float | None, options: MeasureOptions | None = None,
+            timed: Timed | None = None) -> Measurement:
+    """Time ``built`` at ``point`` (unless ``timed`` brings its timing) and gather its figures (module docstring)."""
     opts = options or MeasureOptions()
     dev = require_cuda(device)
     shapes = point.shapes()
@@ -169,13 +205,16 @@ def measure(built: Built, spec: OpSpec, point: Point, inputs: dict[str, torch.Te
     if opts.launches:
         extra["launches"] = _safe(lambda: count_launches(built.call, device="cuda", warmup=1).to_dict())
 
-    probe = nvml.sample(nvml.nvml_index(dev.index))
-    timing = time_events(built.call, warmup=opts.warmup, target_seconds=opts.target_seconds,
-                         min_repeats=opts.min_repeats, max_repeats=opts.max_repeats, around=probe, device=dev)
+    if timed is None:
+        probe = nvml.sample(nvml.nvml_index(dev.index))
+        timing = time_events(built.call, warmup=opts.warmup, target_seconds=opts.target_seconds,
+                             min_repeats=opts.min_repeats, max_repeats=opts.max_repeats, around=probe, device=dev)
+        loop = dict(probe.result)
+        if loop.get("energy_j") is not None:
+            loop["note"] = "over the timed repeats, each preceded by an L2 flush"
+    else:
+        timing, loop = timed.timing, timed.nvml
     extra["timing"] = timing.to_dict()
-    loop = dict(probe.result)
-    if loop.get("energy_j") is not None:
-        loop["note"] = "over the timed repeats, each preceded by an L2 flush"
     extra["nvml"] = loop
 
     extra.update(figures(spec, point, median_us=timing.median_us, copy_gbps=copy_gbps, role=built.contender.role))

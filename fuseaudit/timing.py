@@ -50,6 +50,7 @@ __all__ = [
     "require_cuda",
     "summarize",
     "time_events",
+    "time_events_rounds",
     "time_graph",
     "time_host",
 ]
@@ -262,6 +263,47 @@ def time_events(fn: Callable[..., Any], *, rotate: Sequence[Sequence[Any]] = (()
                 ends[i].record()
             torch.cuda.synchronize(dev)
     return summarize([1e3 * s.elapsed_time(e) for s, e in zip(starts, ends)], mode="events")
+
+
+def time_events_rounds(fns: Sequence[Callable[[], Any]], *, rounds: int = 3, warmup: int = 3,
+                       target_seconds: float = 0.05, min_repeats: int = 10, max_repeats: int = 200,
+                       arounds: Sequence[AbstractContextManager[Any] | None] | None = None,
+                       device: torch.device | str | int | None = None) -> list[Timing | Exception]:
+    """:func:`time_events` of several contenders at one point, interleaved: per contender, a Timing or its error.
+
+    ``rounds`` rounds, each timing every contender in turn for
+    ``target_seconds / rounds``, the order rotated by one each round; a
+    contender's samples from all rounds are pooled.  Why: on the H200, at
+    ~10 µs points the first contenders timed at a new point read 10-15%
+    slower than in later rounds, whichever kernels they are (seventh
+    session, ``reports/h200/README.md``), so timing one contender after the
+    other leans against whoever goes first.  ``warmup`` applies to each
+    contender's first round (one call before each later one); ``arounds[i]``
+    (e.g. an NVML sample) is entered around contender ``i``'s first round
+    only.  A contender that raises is dropped from the later rounds and its
+    exception returned in its place.
+    """
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    if arounds is not None and len(arounds) != len(fns):
+        raise ValueError("arounds must give one context manager (or None) per contender")
+    samples: list[list[float]] = [[] for _ in fns]
+    errors: dict[int, Exception] = {}
+    for r in range(rounds):
+        order = [(r + k) % len(fns) for k in range(len(fns))]
+        for i in order:
+            if i in errors:
+                continue
+            try:
+                t = time_events(fns[i], warmup=warmup if r == 0 else 1, target_seconds=target_seconds / rounds,
+                                min_repeats=max(1, math.ceil(min_repeats / rounds)),
+                                max_repeats=max(1, max_repeats // rounds),
+                                around=arounds[i] if arounds is not None and r == 0 else None, device=device)
+            except Exception as exc:  # one contender failing never ends the others' timing
+                errors[i] = exc
+                continue
+            samples[i].extend(t.samples_us)
+    return [errors[i] if i in errors else summarize(samples[i], mode="events") for i in range(len(fns))]
 
 
 def time_graph(fn: Callable[..., Any], *, args: Sequence[Any] = (), calls_per_graph: int = 20, warmup: int = 3,

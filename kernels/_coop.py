@@ -239,9 +239,14 @@ def chunk_width(split, N, CHUNK: tl.constexpr):
 
 
 
+# False with FUSEAUDIT_COOP=0 in the environment as the kernels are imported
+# (read once: see _launch.ENABLED); a test may set it.
+ENABLED = os.environ.get("FUSEAUDIT_COOP", "1") not in ("", "0")
+
+
 def enabled() -> bool:
     """False with ``FUSEAUDIT_COOP=0``: every row keeps one program (e.g. where cooperative launches are refused)."""
-    return os.environ.get("FUSEAUDIT_COOP", "1") not in ("", "0")
+    return ENABLED
 
 
 def knobs() -> tuple[int, int, int]:

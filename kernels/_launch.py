@@ -22,14 +22,27 @@ tensors) and :func:`planned` keeps plans by a key of
 
 Equal keys imply equal checks, equal scalar arguments and equal Triton
 specialisations (outputs are fresh contiguous allocations, always aligned),
-so a plan that has launched once calls its compiled kernel directly (its
-``kernel[grid]`` runner, which still calls Triton's launch hooks, so launch
-counting is unchanged).  A new key takes the wrapper's full path (checks
-included) and Triton's normal launch, and keeps what they return.
+so a plan that has launched once calls its compiled kernel's launcher
+directly.  A new key takes the wrapper's full path (checks included) and
+Triton's normal launch, and keeps what they return.
+
+The direct launch is the compiled kernel's ``kernel[grid]`` runner without
+its per-call Python: the runner looks up the current device and stream
+through ``torch.cuda``, builds a launch-metadata dict for the launch hooks
+and (from Triton 3.5, whose hooks are chains that are never None) calls two
+empty hook chains; the launcher then asks the driver about every tensor
+argument (``cuPointerGetAttribute``, to reject host memory).  A plan reads
+the raw stream handle as torch.compile's generated code does, passes data
+pointers as integers (the plan's key already says every tensor is on the
+plan's CUDA device) and passes no hooks while none is registered.  When a
+launch hook is registered (``fuseaudit.launches`` counts launches with
+one; so do Triton's profilers), each launch takes Triton's runner, hooks
+and all.
 
 Plans are never kept under Triton's interpreter or with
-``FUSEAUDIT_FAST_LAUNCH=0`` (to rule this cache out when a result looks
-wrong): every call then checks, plans and launches through ``kernel[grid]``.
+``FUSEAUDIT_FAST_LAUNCH=0`` in the environment as the kernels are imported
+(to rule this cache out when a result looks wrong; or set ``ENABLED``):
+every call then checks, plans and launches through ``kernel[grid]``.
 On a Triton without ``CompiledKernel.__getitem__`` plans are kept but each
 launch goes through ``kernel[grid]``.
 """
@@ -41,6 +54,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
+import triton
 
 from ._rows import interpreting
 
@@ -52,8 +66,13 @@ MAX_ENTRIES = 4096
 _PLANS: dict[Hashable, Plan | None] = {}
 
 
+# Read once, when the kernels are imported: a lookup of an unset variable in
+# os.environ costs about 0.5 µs, a tenth of the whole cached path.
+ENABLED = os.environ.get("FUSEAUDIT_FAST_LAUNCH", "1") not in ("", "0") and not interpreting()
+
+
 def _enabled() -> bool:
-    return os.environ.get("FUSEAUDIT_FAST_LAUNCH", "1") not in ("", "0") and not interpreting()
+    return ENABLED
 
 
 def clear_cache() -> None:
@@ -82,20 +101,20 @@ class Plan:
         self.scalars = scalars
         self.scratch = scratch
         self.meta = meta
-        # The compiled kernel's runner and its trailing arguments once launched;
-        # False where none can be built (then every launch takes kernel[grid]).
-        self._fast: tuple[Any, tuple[Any, ...]] | bool | None = None
+        # The compiled kernel's launcher once launched (see _launcher); False
+        # where none can be built (then every launch takes kernel[grid]).
+        self._fast: Callable[[tuple[torch.Tensor, ...]], None] | bool | None = None
 
     def __call__(self, *tensors: torch.Tensor) -> None:
         if self.scratch is not None:
             tensors = (*tensors, *self.scratch(tensors[0].device))
         fast = self._fast
         if fast:
-            fast[0](*tensors, *fast[1])
+            fast(tensors)
             return
         compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.meta)
         if fast is None and _enabled():
-            self._fast = _runner(self, compiled, len(tensors)) or False
+            self._fast = _launcher(self, compiled, len(tensors)) or False
 
     def __repr__(self) -> str:
         name = getattr(self.kernel, "__name__", type(self.kernel).__name__)
@@ -116,9 +135,9 @@ def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...
     if not _enabled():
         return build()
     try:
-        key = (params, torch.cuda.current_device(), tuple(
+        key = (params, torch.cuda.current_device(), *[
             None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-            for t in inputs))
+            for t in inputs])
     except (AttributeError, TypeError):  # not a tensor: let build() say what is wrong
         return build()
     try:
@@ -134,16 +153,43 @@ def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...
     return plan
 
 
-def _runner(plan: Plan, compiled: Any, n_tensors: int) -> tuple[Any, tuple[Any, ...]] | None:
-    """``(compiled[grid3], scalars + constexpr values in signature order)``, or None where that cannot be built."""
+def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[[tuple[torch.Tensor, ...]], None] | None:
+    """A function launching ``compiled`` on the plan's grid with given tensors, or None where none can be built.
+
+    Its arguments after the tensors are the plan's scalars and constexpr
+    values in signature order (Triton's binder is what this skips).
+    """
     names = getattr(plan.kernel, "arg_names", None)
     if compiled is None or names is None or not hasattr(compiled, "__getitem__"):
         return None
     rest = names[n_tensors + len(plan.scalars):]
     if any(name not in plan.meta for name in rest):  # a defaulted argument: leave it to Triton's binder
         return None
+    trailing = (*plan.scalars, *(plan.meta[name] for name in rest))
     grid3 = tuple(plan.grid) + (1,) * (3 - len(plan.grid))
     try:
-        return compiled[grid3], (*plan.scalars, *(plan.meta[name] for name in rest))
+        runner = compiled[grid3]  # Triton's own: loads the kernel on this device
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     except Exception:  # an older CompiledKernel: keep the normal path
         return None
+    device = getattr(torch._C, "_cuda_getDevice", None)
+    stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if device is None or stream is None or runtime is None:
+        def launch_by_runner(tensors: tuple[torch.Tensor, ...]) -> None:
+            runner(*tensors, *trailing)
+        return launch_by_runner
+    gx, gy, gz = grid3
+
+    def launch(tensors: tuple[torch.Tensor, ...]) -> None:
+        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+            runner(*tensors, *trailing)
+            return
+        run(gx, gy, gz, stream(device()), function, packed, None, None, None,
+            *[t.data_ptr() for t in tensors], *trailing)
+    return launch
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a launch hook is registered: a callable (Triton 3.4) or a non-empty chain (3.5 on)."""
+    return hook is not None and bool(getattr(hook, "calls", True))

@@ -113,6 +113,40 @@ def test_timing_arguments_are_validated():
         time_events(lambda: None, repeats=-1)
 
 
+def test_interleaved_rounds_rotate_the_order_and_pool_the_samples(monkeypatch):
+    """Each round times every contender, starting one later each round; a failing contender drops out alone."""
+    from fuseaudit import timing
+
+    calls: list[tuple[str, int, float, object]] = []
+
+    def stand_in(fn, *, warmup, target_seconds, min_repeats, max_repeats, around, device):
+        name = fn()
+        calls.append((name, warmup, target_seconds, around))
+        return summarize([float(len(calls))] * min_repeats, mode="events")
+
+    def broken():
+        if sum(1 for c in calls if c[0] == "b") >= 1:
+            raise RuntimeError("second round fails")
+        return "b"
+
+    monkeypatch.setattr(timing, "time_events", stand_in)
+    probes = [object(), object(), object()]
+    out = timing.time_events_rounds([lambda: "a", broken, lambda: "c"], rounds=3, warmup=5, target_seconds=0.3,
+                                    min_repeats=6, arounds=probes)
+    assert [c[0] for c in calls] == ["a", "b", "c", "c", "a", "c", "a"], "rotated order; b gone after it raised"
+    assert [c[1] for c in calls] == [5, 5, 5, 1, 1, 1, 1], "full warmup in the first round only"
+    assert all(c[2] == pytest.approx(0.1) for c in calls), "the target time is shared between the rounds"
+    assert [c[3] for c in calls[:3]] == probes and all(c[3] is None for c in calls[3:]), "probes: first round"
+    a, b, c = out
+    assert isinstance(b, RuntimeError) and "second round" in str(b)
+    assert a.repeats == c.repeats == 3 * 2, "min_repeats split over the rounds, samples pooled"
+    assert sorted(set(a.samples_us)) == [1.0, 5.0, 7.0] and sorted(set(c.samples_us)) == [3.0, 4.0, 6.0]
+    with pytest.raises(ValueError, match="rounds"):
+        timing.time_events_rounds([lambda: None], rounds=0)
+    with pytest.raises(ValueError, match="arounds"):
+        timing.time_events_rounds([lambda: None], arounds=[])
+
+
 def test_summarize_median_and_quartiles():
     t = summarize([5.0, 1.0, 2.0, 3.0, 4.0], mode="events")
     assert (t.median_us, t.min_us, t.max_us, t.repeats) == (3.0, 1.0, 5.0, 5)
@@ -425,21 +459,29 @@ def test_bench_pipeline_with_a_stand_in_timer(tmp_path, monkeypatch, capsys, fus
     from fuseaudit import measure, timing
     from fuseaudit.measure import Measurement
 
-    def fake_measure(built, spec, point, inputs, *, device, copy_gbps, options=None):
+    def host_clock_events(fn, *, warmup=3, target_seconds=0.05, min_repeats=10, max_repeats=200, around=None,
+                          device=None, **_):
         samples = []
         for _ in range(5):
             t0 = time.perf_counter()
-            built.call()
+            fn()
             samples.append(1e6 * (time.perf_counter() - t0))
-        t = summarize(samples, mode="events")
+        return summarize(samples, mode="events")
+
+    def fake_measure(built, spec, point, inputs, *, device, copy_gbps, options=None, timed=None):
+        assert timed is not None, "bench times every contender first, in rounds"
+        t = timed.timing
         extra = {"op": spec.name, "impl": built.contender.name, "point": point.label, "dtype": point.dtype,
                  "memory": {"peak_extra_bytes": 100 if built.contender.role == "eager" else 40},
                  **figures(spec, point, median_us=t.median_us, copy_gbps=copy_gbps, role=built.contender.role)}
         return Measurement(contender=built.contender.name, role=built.contender.role, timing=t, extra=extra)
 
     monkeypatch.setattr(timing, "require_cuda", lambda device=None: torch.device("cpu"))
+    monkeypatch.setattr(measure, "require_cuda", lambda device=None: torch.device("cpu"))
+    monkeypatch.setattr(nvml, "nvml_index", lambda index=None: 0)  # no CUDA device to ask
     monkeypatch.setattr(timing, "measure_copy_bandwidth", lambda device=None: 1000.0)
     monkeypatch.setattr(measure, "measure", fake_measure)
+    monkeypatch.setattr(timing, "time_events", host_clock_events)  # time_events_rounds itself runs for real
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "stand-in")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     out = tmp_path / "bench.json"
@@ -454,7 +496,9 @@ def test_bench_pipeline_with_a_stand_in_timer(tmp_path, monkeypatch, capsys, fus
                      ("softmax", "eager"), ("softmax", "reference")]
     ref = next(b for b in doc["benchmarks"] if b["params"]["impl"] == "reference" and b["params"]["op"] == "rms_norm")
     assert ref["extra_info"]["speedup_vs_eager"] > 0 and ref["extra_info"]["peak_saved_vs_eager_bytes"] == 60
-    assert ref["stats"]["rounds"] == 5 and ref["group"] == "rms_norm rows=4 N=64 float32"
+    assert ref["stats"]["rounds"] == 3 * 5 and ref["group"] == "rms_norm rows=4 N=64 float32", \
+        "three interleaved rounds of five stand-in samples each, pooled"
+    assert ref["options"]["rounds"] == 3
     skipped = doc["fuseaudit"]["skipped"]
     assert [(s["op"], s["impl"]) for s in skipped] == [("softmax", "broken")] and "no_such_function" in skipped[0][
         "reason"]

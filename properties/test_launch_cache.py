@@ -34,9 +34,9 @@ def test_cached_launches_equal_tritons_own(fuseaudit_device: str, monkeypatch: p
     for offset in (0, 0, 1, 1, 0):  # repeats hit the cache; an odd offset misaligns x (another specialisation)
         x, r, w = _inputs(fuseaudit_device, 1000, offset=offset)
         cached = (rms_norm(x, w), *add_rms_norm(x, r, w))
-        monkeypatch.setenv("FUSEAUDIT_FAST_LAUNCH", "0")
+        monkeypatch.setattr(_launch, "ENABLED", False)  # what FUSEAUDIT_FAST_LAUNCH=0 sets
         plain = (rms_norm(x, w), *add_rms_norm(x, r, w))
-        monkeypatch.delenv("FUSEAUDIT_FAST_LAUNCH")
+        monkeypatch.setattr(_launch, "ENABLED", True)
         for a, b in zip(cached, plain):
             assert torch.equal(a, b), f"offset={offset}: the cached launch differs from Triton's own"
     assert len(_launch._PLANS) >= 4, "aligned and misaligned x must be cached apart, per kernel"
@@ -44,7 +44,7 @@ def test_cached_launches_equal_tritons_own(fuseaudit_device: str, monkeypatch: p
 
 def test_plans_are_kept_by_the_inputs_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a kept plan may be reused for: same params and same shape/strides/dtype/device/alignment only."""
-    monkeypatch.setattr(_launch, "_enabled", lambda: True)  # as on a GPU, without one
+    monkeypatch.setattr(_launch, "ENABLED", True)  # as on a GPU, without one
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     _launch.clear_cache()
     built: list[str] = []

@@ -255,9 +255,10 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
 
     Past that, and for softmax, they loop (the layer_norms and softmax in their ``float32_wide`` blocks).  Padded,
     strided rows of 20000 (block 32768) and 40000 go through whichever path the rules pick, against float64.
-    (Three such rows would be split over programs, ``test_coop_rows.py``; ``FUSEAUDIT_COOP=0`` keeps them here.)
+    (Three such rows would be split over programs, ``test_coop_rows.py``; ``_coop.ENABLED = False``, as
+    ``FUSEAUDIT_COOP=0`` sets it, keeps them here.)
     """
-    from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
+    from fuseaudit.kernels import _coop, _rows, layer_norm, rms_norm, softmax
 
     from fuseaudit.case import Case
 
@@ -284,6 +285,6 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     for n in (20000, 40000):
         case = Case(op=op, dtype="float32", dims={"lead": (3,), "N": n}, regime="normal",
                     layouts={name: "padded" for name in spec.input_names}, params=spec.defaults(), seed=3)
-        with mock.patch.dict("os.environ", {"FUSEAUDIT_COOP": "0"}):
+        with mock.patch.object(_coop, "ENABLED", False):  # what FUSEAUDIT_COOP=0 sets
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
