@@ -38,7 +38,8 @@ Three kernels share the work:
   (``properties/test_layer_norm_one_pass.py`` builds rows on both sides of
   the switch; without it, a far-out x0 fails the tolerance policy.)
 * :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
-  (twice that with a residual, see ``ADD_TUNING``).
+  (twice that with a residual, and for rows that fill a power-of-two block: see
+  ``TUNING``).
   Pass 1 loops over column blocks; each block's mean and sum of squared
   deviations ``M2`` are two-pass values (the block is in registers), and
   blocks merge with Chan et al.'s parallel formula, which has no cancellation::
@@ -102,10 +103,15 @@ from ._rows import (
 # float32, event time after an L2 flush (reports/h200/norms-fp32-wide-session9.txt),
 # (4096, 8) -> (8192, 16) at N = 65536: 16384 rows layer_norm 3026 -> 3036 µs,
 # add_layer_norm 5588 -> 5494; 8 rows 34.0 -> 24.4 and 42.8 -> 30.0.
-TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, split_tail=TailSplit(), float32_whole_from=16384,
-                   float32_wide=(8192, 16))
-# The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale).
-ADD_TUNING = TUNING._replace(fused_scale=2)
+# Half-precision rows of 32768 are held whole in 32 warps (RowTuning.fused_scale; rows
+# that would pad their block still loop): H200, bf16, 16384 rows, looped (8192, 8 warps)
+# -> whole: 697.6 -> 643.5 µs (torch.compile 646.2); padded N = 20000 whole lost (16384
+# rows 475.6 looped vs 535.1, 8 rows 10.6 vs 15.1; reports/h200/padded-rows-session11.txt).
+TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, fused_scale=2, fused_scale_padded=False,
+                   split_tail=TailSplit(), float32_whole_from=16384, float32_wide=(8192, 16))
+# The residual variant keeps every row up to 64 KiB whole, padded or not: at N = 24000
+# (16384 rows) 758.2 µs whole vs 865.0 looped (but 8 rows: 15.9 vs 11.1).
+ADD_TUNING = TUNING._replace(fused_scale_padded=True)
 
 
 # The cooperative kernel loads weight and bias before it waits for the row's

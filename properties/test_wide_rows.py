@@ -78,6 +78,29 @@ def test_uneven_rows_loop(spec, n, fuseaudit_device):
                  target=spec.reference).raise_for_failures()
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
+def test_layer_norm_rows_past_the_cap(op, fuseaudit_device):
+    """Half-precision rows of 32768 are held whole in both layer_norms; padded ones (20000) loop in layer_norm only
+    (RowTuning.fused_scale_padded), and every such row goes through its kernel against float64."""
+    from fuseaudit.kernels import _coop, _rows, layer_norm
+
+    from fuseaudit.case import Case
+
+    spec = OPS[op]
+    tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
+    full = _rows.row_block_config(16384, 32768, 2, tuning)
+    assert (full.block_n, full.num_warps, full.wide) == (32768, _rows.WIDE_WHOLE_ROW_WARPS, False)
+    padded = _rows.row_block_config(16384, 20000, 2, tuning)
+    assert padded.wide == (op == "layer_norm"), "a padded row past the cap loops in layer_norm, not with a residual"
+    assert _rows.row_block_config(16384, 20000, 2, tuning._replace(fused_scale_padded=True)).wide is False
+    for n in (20000, 32768):
+        case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
+                    layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=n)
+        with mock.patch.object(_coop, "ENABLED", False):  # three rows of 64 KiB would be split over programs
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
+
+
 ROW_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
 SPLIT_CANDIDATES = (2049, 2500, 3000, 5120, 6000)
 
