@@ -76,3 +76,48 @@ def test_plans_are_kept_by_the_inputs_metadata(monkeypatch: pytest.MonkeyPatch) 
         _launch.planned(("op", 0.5), (x,), failing)
     assert not any(key[0] == ("op", 0.5) for key in _launch._PLANS), "a failed build must not be kept"
     _launch.clear_cache()
+
+
+def test_direct_launch_and_its_fallback_to_tritons_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept plan calls the launcher with the raw stream, integer pointers and no hooks; with a launch hook
+    registered (launch counting, profilers) it takes Triton's own runner with the tensors instead."""
+    import triton
+
+    calls: list[tuple] = []
+
+    class Compiled:  # stands in for Triton's CompiledKernel
+        function, packed_metadata = "function", "packed"
+
+        def run(self, *args):
+            calls.append(("run", *args))
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("runner", grid, *args))
+
+    class Kernel:  # stands in for a JITFunction
+        arg_names = ("X", "Y", "n", "BLOCK")
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    plan = _launch.Plan(Kernel(), (5, 2), 77, BLOCK=64, num_warps=4)
+    launch = _launch._launcher(plan, Compiled(), 2)
+    assert launch is not None
+    x, y = torch.zeros(8), torch.zeros(8)
+    runtime = triton.knobs.runtime
+    monkeypatch.setattr(runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(runtime, "launch_exit_hook", None)
+    launch((x, y))
+    assert calls.pop() == ("run", 5, 2, 1, 1003, "function", "packed", None, None, None,
+                           x.data_ptr(), y.data_ptr(), 77, 64), "grid, stream of the current device, ints, trailing"
+    hooked = type("Chain", (), {"calls": [print]})()  # a non-empty hook chain (Triton >= 3.5)
+    monkeypatch.setattr(runtime, "launch_enter_hook", hooked)
+    launch((x, y))
+    name, grid, *args = calls.pop()
+    assert (name, grid) == ("runner", (5, 2, 1)) and args[0] is x and args[1] is y and args[2:] == [77, 64]
+    empty = type("Chain", (), {"calls": []})()
+    monkeypatch.setattr(runtime, "launch_enter_hook", empty)
+    monkeypatch.setattr(runtime, "launch_exit_hook", lambda metadata: None)  # Triton 3.4: a plain callable
+    launch((x, y))
+    assert calls.pop()[0] == "runner", "any registered hook, enter or exit, takes the runner"
+    assert _launch._launcher(_launch.Plan(Kernel(), (1,), 77), Compiled(), 2) is None, \
+        "a constexpr the plan does not name is left to Triton's binder"
