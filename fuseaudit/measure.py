@@ -33,7 +33,7 @@ from .catalog import OpSpec, as_tuple
 from .contenders import Built
 from .launches import count_launches
 from .sweep import Point
-from .timing import Timing, gbps, require_cuda, time_events, time_events_rounds, time_graph, time_host
+from .timing import Timing, gbps, require_cuda, time_events_rounds, time_graph, time_host
 
 __all__ = ["MeasureOptions", "Measurement", "Timed", "energy_loop", "figures", "measure", "peak_memory",
            "time_contenders"]
@@ -186,10 +186,10 @@ def time_contenders(calls: list[Any], *, device: torch.device | str,
     return out
 
 
-def measure(built: Built, spec: OpSpec, point: Point, inputs: dict[str, torch.Tensor], *,
-            device: torch.device | str, copy_gbps: float | None, options: MeasureOptions | None = None,
-            timed: Timed | None = None) -> Measurement:
-    """Time ``built`` at ``point`` (unless ``timed`` brings its timing) and gather its figures (module docstring)."""
+def measure(built: Built, spec: OpSpec, point: Point, inputs: dict[str, torch.Tensor], *, timed: Timed,
+            device: torch.device | str, copy_gbps: float | None, options: MeasureOptions | None = None
+            ) -> Measurement:
+    """Every figure of ``built`` at ``point`` (module docstring), its device time from :func:`time_contenders`."""
     opts = options or MeasureOptions()
     dev = require_cuda(device)
     shapes = point.shapes()
@@ -205,17 +205,9 @@ def measure(built: Built, spec: OpSpec, point: Point, inputs: dict[str, torch.Te
     if opts.launches:
         extra["launches"] = _safe(lambda: count_launches(built.call, device="cuda", warmup=1).to_dict())
 
-    if timed is None:
-        probe = nvml.sample(nvml.nvml_index(dev.index))
-        timing = time_events(built.call, warmup=opts.warmup, target_seconds=opts.target_seconds,
-                             min_repeats=opts.min_repeats, max_repeats=opts.max_repeats, around=probe, device=dev)
-        loop = dict(probe.result)
-        if loop.get("energy_j") is not None:
-            loop["note"] = "over the timed repeats, each preceded by an L2 flush"
-    else:
-        timing, loop = timed.timing, timed.nvml
+    timing = timed.timing
     extra["timing"] = timing.to_dict()
-    extra["nvml"] = loop
+    extra["nvml"] = timed.nvml
 
     extra.update(figures(spec, point, median_us=timing.median_us, copy_gbps=copy_gbps, role=built.contender.role))
 

@@ -468,9 +468,8 @@ def test_bench_pipeline_with_a_stand_in_timer(tmp_path, monkeypatch, capsys, fus
             samples.append(1e6 * (time.perf_counter() - t0))
         return summarize(samples, mode="events")
 
-    def fake_measure(built, spec, point, inputs, *, device, copy_gbps, options=None, timed=None):
-        assert timed is not None, "bench times every contender first, in rounds"
-        t = timed.timing
+    def fake_measure(built, spec, point, inputs, *, timed, device, copy_gbps, options=None):
+        t = timed.timing  # bench times every contender first, in rounds
         extra = {"op": spec.name, "impl": built.contender.name, "point": point.label, "dtype": point.dtype,
                  "memory": {"peak_extra_bytes": 100 if built.contender.role == "eager" else 40},
                  **figures(spec, point, median_us=t.median_us, copy_gbps=copy_gbps, role=built.contender.role)}
