@@ -264,14 +264,15 @@ EARLY_VECTOR_ROWS = 128
 class TailSplit(NamedTuple):
     """Which rows a kernel holds as a power-of-two block plus a tail block (see :func:`_split_tail`).
 
-    Rows of at least ``min_n`` elements of at most ``max_bytes`` bytes each,
-    when the tail is at most ``max_tail`` of the block (0.5: whenever the
-    split saves registers, e.g. 3000 = 2048 + 1024; 0.25: only when it saves
-    at least 3/8 of them, e.g. 5120 = 4096 + 1024).
+    Rows of at least ``min_n`` elements, when the tail is at most
+    ``max_tail`` of the block in half precision, ``float32_max_tail`` in
+    float32 (0.5: whenever the split saves registers, e.g. 3000 = 2048 +
+    1024; 0.25: only when it saves at least 3/8 of them, e.g. 5120 = 4096 +
+    1024; 0: never).
     """
 
-    max_bytes: int = 4
     max_tail: float = 0.5
+    float32_max_tail: float = 0.5
     min_n: int = 2048
 
 
@@ -420,20 +421,25 @@ def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBl
     were slower in half precision (8 warps: layer_norm 5120 146.5, 11008
     278.4), fewer in float32 (4 warps: 187.3, 425.9): ``2 * element_size``
     warps.  Where a split did not pay, the ops' TailSplit rules leave it out:
-    rms_norm at N = 6000 (108.4 vs 103.3) and in float32 (N = 3000 142.0 vs
-    115.8), add_rms_norm (N = 3000 144.1 vs 127.3), softmax below 4096
+    rms_norm at N = 6000 (108.4 vs 103.3), add_rms_norm in half precision
+    (N = 3000 144.1 vs 127.3), softmax in float32 and below 4096
     (N = 2500 137.8 vs 119.6) or with a tail over a quarter (N = 6000 132.9
     vs 127.9).  (The N = 2500 and 3000 comparisons predate ``ALIGN``: both
-    sides read those rows 2 bytes at a time then; see row_alignment.)  Rows
+    sides read those rows 2 bytes at a time then; see row_alignment.)  The
+    rms_norms split float32 rows since the twelfth session (event time after
+    an L2 flush, 16384 rows, ``reports/h200/rms-split-fp32-session12.txt``):
+    N = 11008 rms_norm 411.1 -> 371.0 µs, add_rms_norm 771.5 -> 723.3, and
+    within 1% either way at N = 3000, 5120 and 6000.  Rows
     whose block exceeds TAIL_MAX_BLOCK elements or the cap keep the other
     rules: nothing wider was measured.
     """
     rule = tuning.split_tail
-    if rule is None or element_size > rule.max_bytes or n <= max(rule.min_n, 1):
+    if rule is None or n <= max(rule.min_n, 1):
         return None
+    max_tail = rule.float32_max_tail if element_size == 4 else rule.max_tail
     full = next_pow2(n) // 2  # the largest power of two below n
     tail = next_pow2(n - full)
-    if full > min(TAIL_MAX_BLOCK, cap) or tail > rule.max_tail * full:
+    if full > min(TAIL_MAX_BLOCK, cap) or tail > max_tail * full:
         return None
     return RowBlocks(1, full, 2 * element_size, False, tail)
 

@@ -69,13 +69,17 @@ from ._rows import (
 # with 8 warps N=14336 slowed from 238 to 256 µs; 16 warps ran it in 226
 # (torch.compile 226), N=11008 in 186 (8 warps 188, compile 177)
 # (reports/h200/row-experiments-session7.txt).
-# float32 rows of 32768 are held whole (see RowTuning.float32_whole_from).
+# float32 rows of 32768 are held whole (see RowTuning.float32_whole_from), and
+# float32 rows split as a block plus a tail up to half its size (N = 11008 as
+# 8192 + 4096 instead of looping; see _rows._split_tail).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
-                   split_tail=TailSplit(max_bytes=2, max_tail=0.25), float32_whole_from=32768)
+                   split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768)
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
-# padded rather than split (fp16 N=3000: 127.3 µs padded, 144.1 split).
-ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=None)
+# in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
+# 144.1 split); float32 rows split as for rms_norm (N=11008: 723.3 µs split,
+# 771.5 padded to 16384).
+ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=TailSplit(max_tail=0))
 
 
 @triton.jit

@@ -70,7 +70,7 @@ from ._rows import (
 # Split tails in half precision only: float32 N=5120 took 208 µs split, 198 padded.
 # Wide float32 rows loop in blocks of 8192 in 16 warps (see RowTuning.float32_wide).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
-                   split_tail=TailSplit(max_bytes=2, max_tail=0.25, min_n=4096), float32_wide=(8192, 16))
+                   split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and
 # LN2_LO are ln 2 rounded to float32 and what that rounding drops.

@@ -45,7 +45,7 @@ def test_cached_launches_equal_tritons_own(fuseaudit_device: str, monkeypatch: p
 def test_plans_are_kept_by_the_inputs_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a kept plan may be reused for: same params and same shape/strides/dtype/device/alignment only."""
     monkeypatch.setattr(_launch, "ENABLED", True)  # as on a GPU, without one
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
     _launch.clear_cache()
     built: list[str] = []
 
@@ -121,3 +121,53 @@ def test_direct_launch_and_its_fallback_to_tritons_runner(monkeypatch: pytest.Mo
     assert calls.pop()[0] == "runner", "any registered hook, enter or exit, takes the runner"
     assert _launch._launcher(_launch.Plan(Kernel(), (1,), 77), Compiled(), 2) is None, \
         "a constexpr the plan does not name is left to Triton's binder"
+
+
+def test_direct_c_launch_only_where_the_launcher_is_recognised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton 3.5/3.6's launcher (run(...) only allocates scratch, then calls its C launch): a kept plan calls the
+    C launch with what run(...) would pass on; a kernel with scratch, or a launcher of another form, keeps run(...)."""
+    import triton
+
+    calls: list[tuple] = []
+
+    class Launcher:  # stands in for CudaLauncher of Triton 3.5 and 3.6
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def __init__(self, global_scratch: int = 0, profile_scratch: int = 0) -> None:
+            self.global_scratch_size, self.profile_scratch_size = global_scratch, profile_scratch
+            self.launch = lambda *args: calls.append(("C launch", *args))
+
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            calls.append(("run", gridX, gridY, gridZ, stream, function, *args))
+
+    class OtherLauncher(Launcher):  # a later form: __call__ names its metadata and hooks
+        def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                     launch_enter_hook, launch_exit_hook, *args):
+            calls.append(("run", gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                          launch_enter_hook, launch_exit_hook, *args))
+
+    def compiled(run: Launcher) -> object:
+        return type("Compiled", (), {"function": "function", "packed_metadata": "packed", "run": run,
+                                     "__getitem__": lambda self, grid: (lambda *a: calls.append(("runner", *a)))})()
+
+    class Kernel:
+        arg_names = ("X", "Y", "n", "BLOCK")
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1000 + device, raising=False)
+    runtime = triton.knobs.runtime
+    monkeypatch.setattr(runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(runtime, "launch_exit_hook", None)
+    plan = _launch.Plan(Kernel(), (5, 2), 77, BLOCK=64, num_warps=4)
+    x, y = torch.zeros(8), torch.zeros(8)
+    ptrs = (x.data_ptr(), y.data_ptr())
+
+    _launch._launcher(plan, compiled(Launcher()), 2)((x, y))
+    assert calls.pop() == ("C launch", 5, 2, 1, 1003, "function", False, True, None, None,
+                           "packed", None, None, None, *ptrs, 77, 64), "cooperative, pdl, no scratch, then run's args"
+    for run in (Launcher(global_scratch=128), Launcher(profile_scratch=64), OtherLauncher()):
+        _launch._launcher(plan, compiled(run), 2)((x, y))
+        assert calls.pop()[0] == "run", f"{type(run).__name__} {vars(run)}: run(...) decides what to pass"
+    monkeypatch.setattr(runtime, "launch_exit_hook", lambda metadata: None)
+    _launch._launcher(plan, compiled(Launcher()), 2)((x, y))
+    assert calls.pop()[0] == "runner", "a registered hook still takes Triton's runner"

@@ -111,11 +111,12 @@ def test_split_tail(op, lead, fuseaudit_device):
     """Whole rows held as a power-of-two block plus a tail block (RowTuning.split_tail, _rows.RowBlocks).
 
     Each width of SPLIT_CANDIDATES that the op's TailSplit rule splits in
-    half precision is run in float32, bfloat16 and float16, with padded rows
-    (NaN past each row's end), transposed and offset inputs.  On the GPU one
-    row a program, and only with TAIL_MIN_ROWS rows or more; under the
-    interpreter with any rows, three rows to one program, so the tail code
-    runs with BLOCK_M > 1 too.  An op without a rule must split nothing.
+    half precision or in float32 is run in float32, bfloat16 and float16,
+    with padded rows (NaN past each row's end), transposed and offset
+    inputs.  On the GPU one row a program, and only with TAIL_MIN_ROWS rows
+    or more; under the interpreter with any rows, three rows to one program,
+    so the tail code runs with BLOCK_M > 1 too.  A precision the rule leaves
+    out (no rule, or a zero tail) must split nothing.
     """
     from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
 
@@ -127,18 +128,22 @@ def test_split_tail(op, lead, fuseaudit_device):
     if not _rows.interpreting():  # a GPU splits only with many rows
         lead = (_rows.TAIL_MIN_ROWS + lead[0],)
         assert not _rows.row_block_config(8, 5120, 2, tuning).block_t, "decode-sized row counts keep whole blocks"
-    widths = []
-    for n in SPLIT_CANDIDATES:
-        blocks = _rows.row_block_config(lead[0], n, 2, tuning)
-        assert not blocks.wide
-        if blocks.block_t:
-            assert blocks.block_n < n <= blocks.block_n + blocks.block_t < 2 * blocks.block_n
-            widths.append(n)
-    if tuning.split_tail is None:
-        assert not widths, f"{op} has no TailSplit rule but split {widths}"
-        return
-    assert 5120 in widths, f"{op}: N=5120 (4096 + 1024) should split"
-    for n in widths:
+    rule = tuning.split_tail
+    widths = {}
+    for element_size, allowed in ((2, rule and rule.max_tail), (4, rule and rule.float32_max_tail)):
+        split = []
+        for n in SPLIT_CANDIDATES:
+            blocks = _rows.row_block_config(lead[0], n, element_size, tuning)
+            if blocks.block_t:
+                assert not blocks.wide
+                assert blocks.block_n < n <= blocks.block_n + blocks.block_t < 2 * blocks.block_n
+                split.append(n)
+        if allowed:
+            assert 5120 in split, f"{op}: N=5120 (4096 + 1024) should split ({element_size}-byte elements)"
+        else:
+            assert not split, f"{op}: the rule leaves {element_size}-byte rows whole, yet {split} split"
+        widths[element_size] = split
+    for n in sorted({*widths[2], *widths[4]}):
         for dtype, layout in (("float32", "padded"), ("bfloat16", "transposed"), ("float16", "offset")):
             case = Case(op=op, dtype=dtype, dims={"lead": lead, "N": n},
                         layouts={name: layout for name in spec.input_names}, params=spec.defaults(), seed=n)
