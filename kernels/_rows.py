@@ -205,28 +205,47 @@ def row_alignment(n: int, layout: RowLayout) -> int:
 
 
 @triton.jit
-def load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
-    """Columns ``cols`` of a row of ``x`` in float32, 0 where masked (``x_row``: a pointer to the row).
+def load_pair(x_row, r_row, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
+    """Columns ``cols`` of a row of ``x`` and of the residual in float32, 0 where masked (``x`` twice without one).
 
-    With a residual it returns ``h = x + residual`` instead, rounded to the
-    dtype of ``H`` as eager's ``x + residual`` is, after storing it to ``H``
-    (a contiguous output whose row starts at offset ``out``).  Pointers and
-    offsets may be ``[BLOCK_M, 1]`` and ``cols`` ``[1, BLOCK_N]``: a tile.
+    ``x_row`` and ``r_row`` point to the rows; they may be ``[BLOCK_M, 1]``
+    and ``cols`` ``[1, BLOCK_N]``: a tile.  Apart from :func:`add_residual`
+    so that a kernel can issue every load of a row (its block and its tail)
+    before the first store of ``h``: a store waits for the loads it
+    depends on, and warps issue in order, so a load after it would wait for
+    memory a second time (H200, 16384 rows, add_layer_norm bf16 N = 11008
+    as 8192 + 4096: 377.7 -> 368.8 µs, ``reports/h200/h-store-order-session12.txt``).
     """
     x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
+    r = x
     if HAS_RESIDUAL:
         r = tl.load(r_row + cols.to(tl.int64) * srn, mask=mask, other=0.0).to(tl.float32)
+    return x, r
+
+
+@triton.jit
+def add_residual(x, r, H, out, cols, mask, HAS_RESIDUAL: tl.constexpr):
+    """``h = x + residual`` rounded to ``H``'s dtype as eager's sum is, stored to ``H``; ``x`` without one.
+
+    ``H`` is a contiguous output whose row starts at offset ``out``; what is
+    returned (and normalised) is the rounded ``h`` in float32.
+    """
+    if HAS_RESIDUAL:
         h = to_dtype(x + r, H.dtype.element_ty)
         tl.store(H + out + cols, h, mask=mask)
-        x = h.to(tl.float32)  # what is normalised is the rounded h
+        x = h.to(tl.float32)
     return x
 
 
 @triton.jit
-def load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
-    """A ``rows x cols`` tile of ``x`` (``*_rows``: each row's offset, ``[BLOCK_M]``): :func:`load_chunk` of a tile."""
-    return load_chunk(X, R, H, X + x_rows[:, None], R + r_rows[:, None], out_rows[:, None], cols[None, :], mask,
-                      sxn, srn, HAS_RESIDUAL)
+def load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL: tl.constexpr):
+    """Columns ``cols`` of a row of ``x`` in float32, 0 where masked (``x_row``: a pointer to the row).
+
+    With a residual it returns ``h = x + residual`` instead, after storing it
+    to ``H`` (see :func:`add_residual`).
+    """
+    x, r = load_pair(x_row, r_row, cols, mask, sxn, srn, HAS_RESIDUAL)
+    return add_residual(x, r, H, out, cols, mask, HAS_RESIDUAL)
 
 
 # Widest row a program keeps whole in registers, in bytes of the input dtype:
@@ -429,7 +448,9 @@ def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBl
     rms_norms split float32 rows since the twelfth session (event time after
     an L2 flush, 16384 rows, ``reports/h200/rms-split-fp32-session12.txt``):
     N = 11008 rms_norm 411.1 -> 371.0 µs, add_rms_norm 771.5 -> 723.3, and
-    within 1% either way at N = 3000, 5120 and 6000.  Rows
+    within 1% either way at N = 3000, 5120 and 6000; with the tail loaded
+    together with the block (``tail-load-order-session12.txt``) 349.7 and
+    716.9 (softmax bf16 N = 5120: 103.4 -> 91.0).  Rows
     whose block exceeds TAIL_MAX_BLOCK elements or the cap keep the other
     rules: nothing wider was measured.
     """

@@ -83,11 +83,12 @@ from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
     TailSplit,
+    add_residual,
     aligned_width,
     check_row_shapes,
     check_tensors,
     load_chunk,
-    load_rows,
+    load_pair,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -190,18 +191,24 @@ def layer_norm_kernel(
         r_rows = row_offsets(rows, D1, D2, sr0, sr1, sr2, ALIGN)
     out_rows = out_row_offsets(rows, N, ALIGN)
 
+    # Every load of the row (block, tail, first element) is issued before h
+    # is stored: one wait for memory, not two (see _rows.load_pair).
     cols = tl.arange(0, BLOCK_N)
     mask = row_mask[:, None] & (cols < N)[None, :]
-    x = load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL)
+    x_ptrs, r_ptrs, h_offs = X + x_rows[:, None], R + r_rows[:, None], out_rows[:, None]
+    x, r = load_pair(x_ptrs, r_ptrs, cols[None, :], mask, sxn, srn, HAS_RESIDUAL)
+    xt, rt, t_cols, t_mask = x, r, cols, mask  # (stand in where there is no tail)
+    if TAIL:
+        t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
+        t_mask = row_mask[:, None] & (t_cols < N)[None, :]
+        xt, rt = load_pair(x_ptrs, r_ptrs, t_cols[None, :], t_mask, sxn, srn, HAS_RESIDUAL)
     x0 = tl.load(X + x_rows, mask=row_mask, other=0.0).to(tl.float32)  # each row's first element
     if HAS_RESIDUAL:
         r0 = tl.load(R + r_rows, mask=row_mask, other=0.0).to(tl.float32)
         x0 = to_dtype(x0 + r0, H.dtype.element_ty).to(tl.float32)  # h's first element, rounded alike
-    xt, t_cols, t_mask = x, cols, mask  # (stand in where there is no tail)
+    x = add_residual(x, r, H, h_offs, cols[None, :], mask, HAS_RESIDUAL)
     if TAIL:
-        t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
-        t_mask = row_mask[:, None] & (t_cols < N)[None, :]
-        xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
+        xt = add_residual(xt, rt, H, h_offs, t_cols[None, :], t_mask, HAS_RESIDUAL)
     if EARLY:  # weight and bias with the row: one wait for memory (see _rows.RowBlocks.early)
         w, b = _load_wb(W, B, cols, N, swn, sbn)
         wt, bt = w, b

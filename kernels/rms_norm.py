@@ -49,11 +49,12 @@ from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
     TailSplit,
+    add_residual,
     aligned_width,
     check_row_shapes,
     check_tensors,
     load_chunk,
-    load_rows,
+    load_pair,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -124,16 +125,23 @@ def rms_norm_kernel(
     # Statistics in float32; masked lanes hold 0 and add nothing.
     cols = tl.arange(0, BLOCK_N)
     mask = row_mask[:, None] & (cols < N)[None, :]
-    x = load_rows(X, R, H, x_rows, r_rows, out_rows, cols, mask, sxn, srn, HAS_RESIDUAL)
-    if EARLY:  # the weight with the row: one wait for memory (see _rows.RowBlocks.early)
-        w = _load_w(W, cols, N, swn)
-    sum_sq = tl.sum(x * x, axis=1)
+    # The tail is loaded with the block, before either is reduced or h is
+    # stored: one wait for memory, not two (see _rows.load_pair).
+    x_ptrs, r_ptrs, h_offs = X + x_rows[:, None], R + r_rows[:, None], out_rows[:, None]
+    x, r = load_pair(x_ptrs, r_ptrs, cols[None, :], mask, sxn, srn, HAS_RESIDUAL)
     if BLOCK_T > 0:
         t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
         t_mask = row_mask[:, None] & (t_cols < N)[None, :]
-        xt = load_rows(X, R, H, x_rows, r_rows, out_rows, t_cols, t_mask, sxn, srn, HAS_RESIDUAL)
-        if EARLY:
+        xt, rt = load_pair(x_ptrs, r_ptrs, t_cols[None, :], t_mask, sxn, srn, HAS_RESIDUAL)
+    x = add_residual(x, r, H, h_offs, cols[None, :], mask, HAS_RESIDUAL)
+    if BLOCK_T > 0:
+        xt = add_residual(xt, rt, H, h_offs, t_cols[None, :], t_mask, HAS_RESIDUAL)
+    if EARLY:  # the weight with the row: one wait for memory (see _rows.RowBlocks.early)
+        w = _load_w(W, cols, N, swn)
+        if BLOCK_T > 0:
             wt = _load_w(W, t_cols, N, swn)
+    sum_sq = tl.sum(x * x, axis=1)
+    if BLOCK_T > 0:
         sum_sq += tl.sum(xt * xt, axis=1)
     ms = tl.math.div_rn(sum_sq, N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
