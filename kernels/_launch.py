@@ -189,25 +189,19 @@ def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[[tuple[torc
             runner(*tensors, *trailing)
         return launch_by_runner
     gx, gy, gz = grid3
+    # run(grid, stream, function, metadata, no launch metadata, no hooks, ...),
+    # or the C launch it calls, given what run() would add (see _c_launch)
+    call, extra = run, (packed, None, None, None)
     c_launch = _c_launch(run)
     if c_launch is not None:
-        # what run() passes on, without its Python frame and scratch checks
-        c_call, coop, pdl = c_launch
-
-        def launch_c(tensors: tuple[torch.Tensor, ...]) -> None:
-            if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-                runner(*tensors, *trailing)
-                return
-            c_call(gx, gy, gz, stream(device()), function, coop, pdl, None, None, packed, None, None, None,
-                   *[t.data_ptr() for t in tensors], *trailing)
-        return launch_c
+        call, coop, pdl = c_launch
+        extra = (coop, pdl, None, None, *extra)
 
     def launch(tensors: tuple[torch.Tensor, ...]) -> None:
         if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             runner(*tensors, *trailing)
             return
-        run(gx, gy, gz, stream(device()), function, packed, None, None, None,
-            *[t.data_ptr() for t in tensors], *trailing)
+        call(gx, gy, gz, stream(device()), function, *extra, *[t.data_ptr() for t in tensors], *trailing)
     return launch
 
 
