@@ -248,6 +248,43 @@ def load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL: t
     return add_residual(x, r, H, out, cols, mask, HAS_RESIDUAL)
 
 
+@triton.jit
+def load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL: tl.constexpr):
+    """Pass 1 of a looped kernel: columns ``cols`` of a row of ``x`` and of the residual, 0 from ``N`` on.
+
+    The values come back in their own dtype, not converted: the looped
+    kernels load block i + 1 before they use block i, and a conversion here
+    would wait for the load.  Without a residual ``x`` is read again in pass
+    2, so L2 is asked to keep it; with one, ``h`` is read again instead and
+    ``x`` and the residual go first.
+    """
+    mask = cols < N
+    if HAS_RESIDUAL:
+        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0, eviction_policy="evict_first")
+        r = tl.load(r_row + cols.to(tl.int64) * srn, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0, eviction_policy="evict_last")
+        r = x
+    return x, r
+
+
+@triton.jit
+def load_back_block(x_row, h_row, cols, N, sxn, HAS_RESIDUAL: tl.constexpr):
+    """Pass 2 of a looped kernel: columns ``cols`` of the row it normalises, 0 outside ``[0, N)``.
+
+    That row is ``h`` (contiguous, at ``h_row``) with a residual, ``x``
+    without one; this is its last read, so it goes first from L2.  Pass 2
+    walks the row backwards and loads the block before this one ahead of
+    time, hence the mask below 0.
+    """
+    mask = (cols >= 0) & (cols < N)
+    if HAS_RESIDUAL:
+        x = tl.load(h_row + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0, eviction_policy="evict_first")
+    return x
+
+
 # Widest row a program keeps whole in registers, in bytes of the input dtype:
 # 16384 elements of float16/bfloat16, 8192 of float32.  Wider rows take the
 # looped kernel, in blocks of half this.  On the H200 (bf16, 16384 rows) the
@@ -308,9 +345,10 @@ class RowTuning(NamedTuple):
     elements_per_thread: int
     max_warps: int
     wide_warps: int
-    # Whole rows up to fused_scale x MAX_FUSED_BYTES; those past MAX_FUSED_BYTES
-    # get up to WIDE_WHOLE_ROW_WARPS warps.  2 for the residual variants: their
-    # looped kernel re-reads two inputs, and on the H200 (bf16, 16384 x 32768)
+    # Half-precision rows are held whole up to fused_scale x MAX_FUSED_BYTES
+    # (float32 rows past the cap: see float32_whole_from); those past
+    # MAX_FUSED_BYTES get up to WIDE_WHOLE_ROW_WARPS warps.  2 for the
+    # residual variants: their looped kernel re-reads two inputs, and on the H200 (bf16, 16384 x 32768)
     # whole rows in 32 warps beat it: add_rms_norm 1034 vs 1099 µs,
     # add_layer_norm 1122 vs 1208 µs (plain rms_norm: 590 vs 526, so it loops).
     fused_scale: int = 1
@@ -331,13 +369,16 @@ class RowTuning(NamedTuple):
     split_tail: TailSplit | None = None
     # float32 rows whose power-of-two block is at least this many elements, up
     # to FLOAT32_WHOLE_MAX, are held whole in WIDE_WHOLE_ROW_WARPS warps past
-    # the cap; 0: never.  The looped kernel reads such a row twice, and rows
-    # of 128 KiB no longer stay in L2 for the second read.  H200, float32,
-    # 16384 rows, looped -> whole (reports/h200/row-fp32-whole-session8.txt):
-    # N = 32768 rms_norm 1192 -> 1022 µs (torch.compile 1002), add_rms_norm
-    # 2380 -> 2067 (2144), layer_norm 1441 -> 1117 (1122), add_layer_norm
-    # 2663 -> 2243 (2219); N = 16384 layer_norm 652 -> 596, but rms_norm
-    # 505 -> 541 and softmax lost at both widths (1372 -> 1592 at 32768).
+    # the cap; any other float32 row past the cap loops (0: all of them).
+    # The looped kernel reads such a row twice, and rows of 128 KiB no
+    # longer stay in L2 for the second read.  H200, float32, 16384 rows,
+    # looped -> whole (reports/h200/row-fp32-whole-session8.txt): N = 32768
+    # rms_norm 1192 -> 1022 µs (torch.compile 1002), add_rms_norm 2380 ->
+    # 2067 (2144), layer_norm 1441 -> 1117 (1122), add_layer_norm 2663 ->
+    # 2243 (2219); N = 16384 layer_norm 652 -> 596, but rms_norm 505 -> 541
+    # and softmax lost at both widths (1372 -> 1592 at 32768).  Once the
+    # looped kernel prefetched (RowBlocks.prefetch) add_layer_norm looped
+    # faster (see its ADD_TUNING).
     float32_whole_from: int = 0
     # (BLOCK_N, warps) of the looped kernel for float32 rows at least two
     # such blocks wide; None: half the cap in wide_warps warps, as for half
@@ -346,6 +387,9 @@ class RowTuning(NamedTuple):
     # 1206 vs 1373 µs at N = 32768, 536 vs 597 at 16384, 2759 vs 2945 at
     # 65536; bfloat16 rows lost with it (657 vs 599 at 32768).
     float32_wide: tuple[int, int] | None = None
+    # The looped kernel's RowBlocks.prefetch in half precision, in float32.
+    wide_prefetch: int = 0
+    float32_wide_prefetch: int = 0
 
 
 class RowBlocks(NamedTuple):
@@ -376,6 +420,18 @@ class RowBlocks(NamedTuple):
     # 266 -> 473 µs, rms_norm N=16384 262 -> 356).  So: only up to
     # EARLY_VECTOR_ROWS rows.
     early: bool = False
+    # The looped kernel: in how many of its two passes (0, 1 or 2) it loads
+    # column block i + 1 before it uses block i.  Those loads are then in
+    # flight while block i is reduced (a reduction is a barrier the loads do
+    # not cross, and a store waits for its operands), where otherwise every
+    # block waits for memory.  But two blocks are live at once, and where the
+    # registers cost a program per SM it loses: H200, 16384 rows, event time
+    # after an L2 flush, 0 -> 1 -> 2 passes, µs (reports/h200/wide-prefetch-
+    # session13.txt): add_layer_norm bf16 N = 65536 2769 -> 2543 -> 2543,
+    # layer_norm bf16 65536 1460 -> 1461 -> 1615 (128 -> 172 registers a
+    # thread in 8 warps: 2 programs an SM -> 1).  Each op's tuning says what
+    # it measured.
+    prefetch: int = 0
 
 
 def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> RowBlocks:
@@ -397,10 +453,11 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     cap = max(max_fused_bytes // element_size, 1)
     block_n = next_pow2(n)
     wide = block_n > cap * (tuning.fused_scale if tuning.fused_scale_padded or n == block_n else 1)
-    if element_size == 4 and 0 < tuning.float32_whole_from <= block_n <= FLOAT32_WHOLE_MAX:
-        wide = False
+    if element_size == 4 and block_n > cap:  # float32 past the cap: float32_whole_from alone decides
+        wide = not 0 < tuning.float32_whole_from <= block_n <= FLOAT32_WHOLE_MAX
+    prefetch = tuning.float32_wide_prefetch if element_size == 4 else tuning.wide_prefetch
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
-        return RowBlocks(1, tuning.uneven_block, tuning.uneven_warps, True)
+        return RowBlocks(1, tuning.uneven_block, tuning.uneven_warps, True, prefetch=prefetch)
     # A split may keep whole a row that "wide" would loop over.  It pays when
     # many rows are in flight; a few rows want many threads each instead.
     # (The interpreter splits whatever the rows, so CPU tests run the tails.)
@@ -413,8 +470,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     if wide:  # loop over the row in blocks of half the (unscaled) cap
         if element_size == 4 and tuning.float32_wide and n >= 2 * tuning.float32_wide[0]:
             block, warps = tuning.float32_wide
-            return RowBlocks(1, block, warps, True)
-        return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True)
+            return RowBlocks(1, block, warps, True, prefetch=prefetch)
+        return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True, prefetch=prefetch)
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)
     block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two

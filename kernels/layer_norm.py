@@ -87,8 +87,10 @@ from ._rows import (
     aligned_width,
     check_row_shapes,
     check_tensors,
+    load_back_block,
     load_chunk,
     load_pair,
+    load_pair_block,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -110,9 +112,19 @@ from ._rows import (
 # rows 475.6 looped vs 535.1, 8 rows 10.6 vs 15.1; reports/h200/padded-rows-session11.txt).
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, fused_scale=2, fused_scale_padded=False,
                    split_tail=TailSplit(), float32_whole_from=16384, float32_wide=(8192, 16))
-# The residual variant keeps every row up to 64 KiB whole, padded or not: at N = 24000
-# (16384 rows) 758.2 µs whole vs 865.0 looped (but 8 rows: 15.9 vs 11.1).
-ADD_TUNING = TUNING._replace(fused_scale_padded=True)
+# The residual variant keeps every half-precision row up to 64 KiB whole, padded or
+# not: at N = 24000 (16384 rows) 758.2 µs whole vs 865.0 looped (but 8 rows: 15.9 vs
+# 11.1).  Its looped kernel prefetches, in pass 1 for half precision and both passes
+# for float32 (RowBlocks.prefetch; H200, 16384 rows, event time after an L2 flush,
+# 0 -> 1 -> 2 passes, reports/h200/wide-prefetch-session13.txt, row-tuning3-session13.txt):
+# N = 65536 bf16 2768.9 -> 2542.5 -> 2542.7 µs, float32 5400.6 -> 4928.7 -> 4930.3;
+# layer_norm's does not (bf16 1460.0 -> 1461.4 -> 1615.2, float32 3034.5 -> 3105.0 ->
+# 3109.8; bf16 in 8 warps: 128 -> 172 registers a thread, two programs an SM -> one;
+# 16 warps lost more, 1756.4).  add_layer_norm loses the program too (128 -> 210) but
+# moves three times the bytes in pass 1.
+# So float32 rows past the cap loop here: N = 16384 1162.7 µs whole -> 1130.9 looped ->
+# 1115.8 -> 1108.7 prefetching, N = 32768 2287.8 whole -> 2286.9 -> 2253.9.
+ADD_TUNING = TUNING._replace(fused_scale_padded=True, float32_whole_from=0, wide_prefetch=1, float32_wide_prefetch=2)
 
 
 # The cooperative kernel loads weight and bias before it waits for the row's
@@ -266,6 +278,7 @@ def layer_norm_wide_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
 ):
     # One row per program, BLOCK_N < N columns at a time.
     row = tl.program_id(0)
@@ -282,20 +295,19 @@ def layer_norm_wide_kernel(
     mean_c = tl.zeros([], dtype=tl.float32)
     m2 = tl.zeros([], dtype=tl.float32)
     m2_c = tl.zeros([], dtype=tl.float32)
+    # PREFETCH: as in rms_norm_wide_kernel.
+    offs = tl.arange(0, BLOCK_N)
+    if PREFETCH >= 1:
+        x_next, r_next = load_pair_block(x_row, r_row, offs, N, sxn, srn, HAS_RESIDUAL)
     for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+        cols = start + offs
         mask = cols < N
-        x_ptrs = x_row + cols.to(tl.int64) * sxn
-        if HAS_RESIDUAL:  # x and residual are not read again: h is
-            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-            r_ptrs = r_row + cols.to(tl.int64) * srn
-            r = tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-            h = to_dtype(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
-            tl.store(H + out + cols, h, mask=mask)
-            x = h.to(tl.float32)
-        else:  # ask L2 to keep x for pass 2
-            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
-            x = x.to(tl.float32)
+        if PREFETCH >= 1:
+            x, r = x_next, r_next
+            x_next, r_next = load_pair_block(x_row, r_row, cols + BLOCK_N, N, sxn, srn, HAS_RESIDUAL)
+        else:
+            x, r = load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL)
+        x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, mask, HAS_RESIDUAL)
         n_a = start * 1.0  # elements merged so far
         n_b = tl.sum(mask.to(tl.float32), axis=0)  # elements in this block
         mean_b = tl.math.div_rn(tl.sum(x, axis=0), n_b)
@@ -319,21 +331,26 @@ def layer_norm_wide_kernel(
     if HAS_RESIDUAL:
         # Pass 2 reads h back; make this program's stores visible to all its threads.
         tl.debug_barrier()
-    # Pass 2: normalise and store, walking the row backwards: the blocks that
-    # pass 1 read last are the likeliest to be in cache still.
+    # Pass 2: normalise and store, walking the row backwards (the blocks that
+    # pass 1 read last are the likeliest to be in cache still); with PREFETCH
+    # the block before this one is loaded ahead as in pass 1.
     last = (N - 1) // BLOCK_N * BLOCK_N
+    if PREFETCH >= 2:
+        x_next = load_back_block(x_row, H + out, last + offs, N, sxn, HAS_RESIDUAL)
+        w_next, b_next = _load_wb(W, B, last + offs, N, swn, sbn)
     for offset in range(0, N, BLOCK_N):
-        cols = (last - offset) + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        if HAS_RESIDUAL:
-            x_ptrs = H + out + cols
+        cols = (last - offset) + offs
+        if PREFETCH >= 2:
+            x, w, b = x_next, w_next, b_next
+            prev = cols - BLOCK_N
+            x_next = load_back_block(x_row, H + out, prev, N, sxn, HAS_RESIDUAL)
+            w_next = tl.load(W + prev * swn, mask=prev >= 0, other=0.0)
+            b_next = tl.load(B + prev * sbn, mask=prev >= 0, other=0.0)
         else:
-            x_ptrs = x_row + cols.to(tl.int64) * sxn
-        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        w = tl.load(W + cols * swn, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(B + cols * sbn, mask=mask, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd * w + b
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
+            x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL)
+            w, b = _load_wb(W, B, cols, N, swn, sbn)
+        y = (x.to(tl.float32) - mean) * rstd * w.to(tl.float32) + b.to(tl.float32)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -450,7 +467,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
         return Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
-                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
+                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
+                    num_warps=blocks.num_warps)
     return Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx, *sr,
                 *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
                 BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), EARLY=blocks.early,

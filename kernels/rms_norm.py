@@ -53,8 +53,10 @@ from ._rows import (
     aligned_width,
     check_row_shapes,
     check_tensors,
+    load_back_block,
     load_chunk,
     load_pair,
+    load_pair_block,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -73,14 +75,24 @@ from ._rows import (
 # float32 rows of 32768 are held whole (see RowTuning.float32_whole_from), and
 # float32 rows split as a block plus a tail up to half its size (N = 11008 as
 # 8192 + 4096 instead of looping; see _rows._split_tail).
+# The looped kernel prefetches in pass 1 for half precision, in both passes for
+# float32 (RowBlocks.prefetch; H200, 16384 rows, event time after an L2 flush, 0 -> 1
+# -> 2 passes, reports/h200/wide-prefetch-session13.txt): bf16 N = 11008 189.3 ->
+# 177.9 -> 181.6 µs, 14336 224.8 -> 224.0 -> 249.7, 32768 525.3 -> 514.2 -> 517.1,
+# 65536 1278.1 -> 1271.0 -> 1195.8, add_rms_norm 65536 2369.9 -> 2254.0 -> 2243.8;
+# float32 65536 2738.9 -> 2728.9 -> 2704.2 (again: 2735.4 -> 2728.7 -> 2701.5),
+# add_rms_norm 5186.2 -> 5185.9 -> 5199.2.
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
-                   split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768)
+                   split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768, wide_prefetch=1,
+                   float32_wide_prefetch=2)
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
 # 144.1 split); float32 rows split as for rms_norm (N=11008: 723.3 µs split,
-# 771.5 padded to 16384).
-ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=TailSplit(max_tail=0))
+# 771.5 padded to 16384); float32 rows of 16384 whole too (16384 rows: 1079.2 µs
+# whole, 1097.7 looped, 1096.9 prefetching).
+ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=TailSplit(max_tail=0),
+                             float32_whole_from=16384)
 
 
 @triton.jit
@@ -166,30 +178,31 @@ def rms_norm_wide_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
 ):
     # One row per program, BLOCK_N < N columns at a time.
     row = tl.program_id(0)
     x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
     r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
     out = row.to(tl.int64) * N
+    offs = tl.arange(0, BLOCK_N)
 
     # Pass 1: sum of squares, lane by lane (reduced once after the loop).
     # With a residual, h = x + residual is formed, rounded and stored here.
+    # With PREFETCH each iteration loads the next block before it uses this
+    # one: those loads are in flight while this block is squared and its h
+    # stored, where otherwise every block waits for memory.
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH >= 1:
+        x_next, r_next = load_pair_block(x_row, r_row, offs, N, sxn, srn, HAS_RESIDUAL)
     for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        x_ptrs = x_row + cols.to(tl.int64) * sxn
-        if HAS_RESIDUAL:  # x and residual are not read again: h is
-            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-            r_ptrs = r_row + cols.to(tl.int64) * srn
-            r = tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
-            h = to_dtype(x.to(tl.float32) + r.to(tl.float32), H.dtype.element_ty)
-            tl.store(H + out + cols, h, mask=mask)
-            x = h.to(tl.float32)
-        else:  # ask L2 to keep x for pass 2
-            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
-            x = x.to(tl.float32)
+        cols = start + offs
+        if PREFETCH >= 1:
+            x, r = x_next, r_next
+            x_next, r_next = load_pair_block(x_row, r_row, cols + BLOCK_N, N, sxn, srn, HAS_RESIDUAL)
+        else:
+            x, r = load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL)
+        x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, cols < N, HAS_RESIDUAL)
         acc += x * x
     ms = tl.math.div_rn(tl.sum(acc, axis=0), N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
@@ -197,20 +210,25 @@ def rms_norm_wide_kernel(
     if HAS_RESIDUAL:
         # Pass 2 reads h back; make this program's stores visible to all its threads.
         tl.debug_barrier()
-    # Pass 2: normalise and store, walking the row backwards: the blocks that
-    # pass 1 read last are the likeliest to be in cache still.
+    # Pass 2: normalise and store, walking the row backwards (the blocks that
+    # pass 1 read last are the likeliest to be in cache still); with PREFETCH
+    # the block before this one is loaded ahead as in pass 1.
     last = (N - 1) // BLOCK_N * BLOCK_N
+    if PREFETCH >= 2:
+        x_next = load_back_block(x_row, H + out, last + offs, N, sxn, HAS_RESIDUAL)
+        w_next = tl.load(W + (last + offs) * swn, mask=last + offs < N, other=0.0)
     for offset in range(0, N, BLOCK_N):
-        cols = (last - offset) + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        if HAS_RESIDUAL:
-            x_ptrs = H + out + cols
+        cols = (last - offset) + offs
+        if PREFETCH >= 2:
+            x, w = x_next, w_next
+            prev = cols - BLOCK_N
+            x_next = load_back_block(x_row, H + out, prev, N, sxn, HAS_RESIDUAL)
+            w_next = tl.load(W + prev * swn, mask=prev >= 0, other=0.0)
         else:
-            x_ptrs = x_row + cols.to(tl.int64) * sxn
-        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        w = tl.load(W + cols * swn, mask=mask, other=0.0).to(tl.float32)
-        y = x * rstd * w
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
+            x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL)
+            w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
+        y = x.to(tl.float32) * rstd * w.to(tl.float32)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -295,7 +313,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
         return Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
-                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
+                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
+                    num_warps=blocks.num_warps)
     return Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),
                 layout.rows, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
                 HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,

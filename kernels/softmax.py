@@ -57,6 +57,8 @@ from ._rows import (
     TailSplit,
     aligned_width,
     check_tensors,
+    load_back_block,
+    load_pair_block,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -68,9 +70,14 @@ from ._rows import (
 # Two reductions and an exp per element: more threads per row than the norms
 # (H200, bf16, 16384 rows: N=14336 in 304 µs with 32 warps, 329 with 16, 433 with 8).
 # Split tails in half precision only: float32 N=5120 took 208 µs split, 198 padded.
-# Wide float32 rows loop in blocks of 8192 in 16 warps (see RowTuning.float32_wide).
+# Wide float32 rows loop in blocks of 8192 in 16 warps (see RowTuning.float32_wide),
+# prefetching in both passes (RowBlocks.prefetch; H200, 16384 rows, 0 -> 1 -> 2
+# passes: N = 11008 379.4 -> 351.2 -> 353.0 µs, 16384 511.0 -> 540.1 -> 521.0,
+# 32768 1201.7 -> 1085.6 -> 1071.1, 65536 2737.7 -> 2595.9 -> 2562.1); half-precision
+# rows do not (bf16 11008 206.3 -> 207.1 -> 210.9, 65536 1313.8 -> 1317.7 -> 1313.4).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
-                   split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16))
+                   split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
+                   float32_wide_prefetch=2)
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and
 # LN2_LO are ln 2 rounded to float32 and what that rounding drops.
@@ -176,6 +183,7 @@ def softmax_wide_kernel(
     scale,
     PRECISE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
 ):
     # One row per program, BLOCK_N < N columns at a time.
     row = tl.program_id(0)
@@ -187,11 +195,18 @@ def softmax_wide_kernel(
     m = tl.full([], float("-inf"), dtype=tl.float32)
     d = tl.zeros([], dtype=tl.float32)
     d_lost = tl.zeros([], dtype=tl.float32)  # Kahan: what rounding d has dropped
+    # PREFETCH: as in rms_norm_wide_kernel.
+    offs = tl.arange(0, BLOCK_N)
+    if PREFETCH >= 1:
+        x_next, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)
     for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+        cols = start + offs
         mask = cols < N
-        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0,
-                    eviction_policy="evict_last")  # ask L2 to keep x for pass 2
+        if PREFETCH >= 1:
+            x = x_next
+            x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
+        else:
+            x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
         s = tl.where(mask, x.to(tl.float32) * scale, float("-inf"))
         m_blk = tl.max(s, axis=0)
         m_new = tl.where(m_blk > m + RESCALE_SLACK, m_blk, m)
@@ -208,16 +223,21 @@ def softmax_wide_kernel(
         m = m_new
     inv_d = tl.math.div_rn(1.0, d)
 
-    # Pass 2: normalise and store, walking the row backwards: the blocks that
-    # pass 1 read last are the likeliest to be in cache still.
+    # Pass 2: normalise and store, walking the row backwards (the blocks that
+    # pass 1 read last are the likeliest to be in cache still); with PREFETCH
+    # the block before this one is loaded ahead as in pass 1.
     last = (N - 1) // BLOCK_N * BLOCK_N
+    if PREFETCH >= 2:
+        x_next = load_back_block(x_row, x_row, last + offs, N, sxn, False)
     for offset in range(0, N, BLOCK_N):
-        cols = (last - offset) + tl.arange(0, BLOCK_N)
-        mask = cols < N
-        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0,
-                    eviction_policy="evict_first")
+        cols = (last - offset) + offs
+        if PREFETCH >= 2:
+            x = x_next
+            x_next = load_back_block(x_row, x_row, cols - BLOCK_N, N, sxn, False)
+        else:
+            x = load_back_block(x_row, x_row, cols, N, sxn, False)
         y = _exp(x.to(tl.float32) * scale - m, PRECISE) * inv_d
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -303,7 +323,8 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
     blocks = row_block_config(layout.rows, n, x.element_size(), TUNING)
     if blocks.wide:
         return Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
-                    PRECISE=precise, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps)
+                    PRECISE=precise, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
+                    num_warps=blocks.num_warps)
     return Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,
                 *layout.strides[0], float(scale), PRECISE=precise, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
                 BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)

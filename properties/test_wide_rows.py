@@ -8,6 +8,7 @@ bytes: every row wider than 128 half or 64 float32 elements takes the loop.
 
 from __future__ import annotations
 
+import contextlib
 from unittest import mock
 
 import pytest
@@ -34,6 +35,34 @@ def test_wide_path(spec, data, fuseaudit_device):
         assert wide, "the lowered cap should select the looped path"
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize("spec", WIDE_OPS, ids=[op.name for op in WIDE_OPS])
+def test_wide_prefetch(spec, prefetch, fuseaudit_device):
+    """Every prefetch level of the looped kernels (``RowBlocks.prefetch``: block i + 1 loaded before block i is
+    used, in 0, 1 or 2 passes), whatever the op's tuning chose: rows of 1000 (the cap lowered to 256 bytes: 16
+    blocks of 64 half or 32 blocks of 32 float32 elements, the last partial), strided, against float64."""
+    import importlib
+
+    from fuseaudit.kernels import _rows
+
+    from fuseaudit.case import Case
+
+    module = importlib.import_module(spec.reference.split(":")[0])
+    tunings = {name: getattr(module, name) for name in ("TUNING", "ADD_TUNING") if hasattr(module, name)}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(_rows, "MAX_FUSED_BYTES", 256))
+        for name, tuning in tunings.items():
+            patched = tuning._replace(wide_prefetch=prefetch, float32_wide_prefetch=prefetch)
+            stack.enter_context(mock.patch.object(module, name, patched))
+        for dtype, size, layout in (("bfloat16", 2, "transposed"), ("float32", 4, "padded")):
+            blocks = [_rows.row_block_config(3, 1000, size, getattr(module, name)) for name in tunings]
+            assert all(b.wide and b.prefetch == prefetch for b in blocks)
+            case = Case(op=spec.name, dtype=dtype, dims={"lead": (3,), "N": 1000}, regime="normal",
+                        layouts={name: layout for name in spec.input_names}, params=spec.defaults(), seed=prefetch)
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
@@ -281,7 +310,8 @@ def test_one_leading_dim_folds_to_the_front():
 def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     """float32 rows whose block reaches ``float32_whole_from`` are held whole in 32 warps, up to 32768.
 
-    Past that, and for softmax, they loop (the layer_norms and softmax in their ``float32_wide`` blocks).  Padded,
+    Past that, and for softmax and add_layer_norm (whose looped kernels prefetch), they loop (the layer_norms and
+    softmax in their ``float32_wide`` blocks), whatever ``fused_scale`` says for half precision.  Padded,
     strided rows of 20000 (block 32768) and 40000 go through whichever path the rules pick, against float64.
     (Three such rows would be split over programs, ``test_coop_rows.py``; ``_coop.ENABLED = False``, as
     ``FUSEAUDIT_COOP=0`` sets it, keeps them here.)
@@ -293,16 +323,23 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     spec = OPS[op]
     tuning = {"rms_norm": rms_norm.TUNING, "add_rms_norm": rms_norm.ADD_TUNING, "layer_norm": layer_norm.TUNING,
               "add_layer_norm": layer_norm.ADD_TUNING, "softmax": softmax.TUNING}[op]
+    loops = op in ("softmax", "add_layer_norm")
     whole = _rows.row_block_config(16384, 20000, 4, tuning)
-    assert whole.wide == (op == "softmax"), "the norms hold float32 rows of 20000 whole, softmax loops"
+    assert whole.wide == loops, "the other norms hold float32 rows of 20000 whole"
     if not whole.wide:
         assert (whole.block_n, whole.num_warps) == (32768, _rows.WIDE_WHOLE_ROW_WARPS)
-    else:  # softmax: float32 rows of two blocks or more loop in its float32_wide blocks, narrower ones in half the cap
+    else:  # float32 rows of two blocks or more loop in float32_wide blocks
         assert (whole.block_n, whole.num_warps) == tuning.float32_wide == (8192, 16)
+        fill = _rows.row_block_config(16384, 16384, 4, tuning)
+        assert fill.wide and fill.block_n == 8192, "a row filling a block twice the cap loops too"
+    if op == "softmax":  # narrower ones in half the cap
         narrow = _rows.row_block_config(16384, 11008, 4, tuning)
         assert (narrow.block_n, narrow.num_warps) == (_rows.MAX_FUSED_BYTES // 4 // 2, tuning.wide_warps)
         half = _rows.row_block_config(16384, 65536, 2, tuning)
         assert (half.block_n, half.num_warps) == (_rows.MAX_FUSED_BYTES // 2 // 2, tuning.wide_warps)
+    elif op == "add_rms_norm":  # fused_scale = 2 would hold these whole anyway; float32_whole_from does
+        assert not _rows.row_block_config(16384, 16384, 4, tuning).wide
+        assert _rows.row_block_config(16384, 16384, 4, tuning._replace(float32_whole_from=0)).wide
     looped = _rows.row_block_config(16384, 40000, 4, tuning)
     assert looped.wide, "past FLOAT32_WHOLE_MAX the rows loop"
     if tuning.float32_wide:  # layer_norms and softmax: in their float32 blocks
