@@ -257,6 +257,12 @@ def load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL: tl.constexpr)
     would wait for the load.  Without a residual ``x`` is read again in pass
     2, so L2 is asked to keep it; with one, ``h`` is read again instead and
     ``x`` and the residual go first.
+
+    Each pass loads its first block ahead before the loop whether or not it
+    prefetches: without prefetching nothing uses that load and the compiler
+    drops it (sm_90 PTX: the same loads as a kernel without it), while a name
+    defined only under a constexpr ``if`` is not carried into the loop by
+    Triton 3.9.
     """
     mask = cols < N
     if HAS_RESIDUAL:

@@ -297,8 +297,7 @@ def layer_norm_wide_kernel(
     m2_c = tl.zeros([], dtype=tl.float32)
     # PREFETCH: as in rms_norm_wide_kernel.
     offs = tl.arange(0, BLOCK_N)
-    # the first block ahead (unused without PREFETCH >= 1: the compiler drops it; a name
-    # defined only under a constexpr if is not carried into the loop by Triton 3.9)
+    # the first block ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
     x_next, r_next = load_pair_block(x_row, r_row, offs, N, sxn, srn, HAS_RESIDUAL)
     for start in range(0, N, BLOCK_N):
         cols = start + offs
@@ -336,8 +335,7 @@ def layer_norm_wide_kernel(
     # pass 1 read last are the likeliest to be in cache still); with PREFETCH
     # the block before this one is loaded ahead as in pass 1.
     last = (N - 1) // BLOCK_N * BLOCK_N
-    # the first block ahead (unused without PREFETCH >= 2: the compiler drops it; a name
-    # defined only under a constexpr if is not carried into the loop by Triton 3.9)
+    # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
     x_next = load_back_block(x_row, H + out, last + offs, N, sxn, HAS_RESIDUAL)
     w_next, b_next = _load_wb(W, B, last + offs, N, swn, sbn)
     for offset in range(0, N, BLOCK_N):
