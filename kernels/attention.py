@@ -68,10 +68,14 @@ tensor descriptors and each key tile arrives by one bulk tensor copy (TMA)
 instead of ``BLOCK_N * D`` computed addresses; keys past ``Sk`` arrive as
 zeros and are masked as before.  Anything else takes the pointer loads.
 
-Warp specialisation (Hopper, Triton 3.5 and later)
---------------------------------------------------
-Non-causal prefill at ``D = 128`` in half precision, with q, k and v readable
-by the copy engine and ``Sk`` a multiple of 128, runs ``_attention_ws_kernel``
+Warp specialisation (Hopper)
+----------------------------
+Half-precision prefill at ``D = 128`` with q, k and v readable by the copy
+engine runs, on the Triton releases it was verified on, the Gluon kernel of
+``attention_hopper.py``: a loader warp and two consumer warpgroups, written
+out by hand, masks only on the tiles that need them, causal or not (see
+``_use_gluon``).  Where Gluon is not there, non-causal prefill with ``Sk`` a
+multiple of 128 runs ``_attention_ws_kernel``
 instead: the same online softmax with the row block split in two halves, each
 with its own ``(acc, l, m)``, and the key loop marked ``warp_specialize``, so
 that the compiler gives the halves' rows to consumer warpgroups and the bulk
@@ -99,6 +103,11 @@ try:  # host-side tensor descriptors (the bulk tensor copy engine on Hopper)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # older Triton: pointer loads only
     TensorDescriptor = None
+
+try:  # the hand-specialised Hopper kernel, written in Gluon
+    from . import attention_hopper
+except (ImportError, AttributeError):  # a Triton without Gluon's Hopper API
+    attention_hopper = None
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
@@ -827,6 +836,59 @@ def _use_warp_specialize(
     return torch.cuda.get_device_capability(q.device)[0] == 9 and _hopper_warp_specialization()
 
 
+# Causal attention with min(Sq, Sk) below this keeps the general kernel (see _gluon_scope).
+GLUON_CAUSAL_MIN_KEYS = 1024
+
+
+def _gluon_scope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool, *, causal: bool,
+                 scale: float) -> bool:
+    """Whether a call is in the Gluon kernel's scope (``kernels/attention_hopper.py``), device aside.
+
+    Half-precision prefill at ``D = 128`` with at least ``WS_MIN_QUERIES``
+    queries and a key, ``scale >= 0``, and q, k and v readable by the copy
+    engine; any ``Sk``, grouped-query.  Causal from ``GLUON_CAUSAL_MIN_KEYS``
+    keys (``min(Sq, Sk)``) on: below that its programs are a few tiles long
+    and the general kernel, two blocks an SM, was faster on the H200 (32
+    heads, ``reports/h200/gluon-short-session14.txt``, Gluon / general: bf16
+    S = 256 1.19, 512 1.04, 1024 0.98; fp16 1.18, 1.11, 1.00), while
+    non-causal was faster on Gluon from 256 on (0.83-0.99).
+    """
+    if attention_hopper is None or decode or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if q.shape[-1] != attention_hopper.HEAD_DIM or scale < 0:
+        return False
+    if q.shape[2] < WS_MIN_QUERIES or k.shape[2] == 0:
+        return False
+    if causal and min(q.shape[2], k.shape[2]) < GLUON_CAUSAL_MIN_KEYS:
+        return False
+    return all(_tma_compatible(t, attention_hopper.HEAD_DIM) for t in (q, k, v))
+
+
+def _use_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool, interp: bool, *,
+               causal: bool, scale: float) -> bool:
+    """Prefill through the Gluon kernel: in its scope, on Hopper, with a Triton it ran on.
+
+    Measured on the H200 (``fuseaudit bench``, 32 heads, D = 128,
+    ``reports/h200/bench-attention-*-session14``), bf16 x cuDNN at S =
+    2048/4096/8192/16384: causal 0.90/0.98/1.02/1.06, non-causal
+    0.95/0.99/1.01/1.01 (the eighth session's kernels: causal 0.78-0.82 on
+    the general kernel, non-causal 0.81-0.95 warp-specialised); fp16 alike.
+    Gluon has no interpreter,
+    so CPU runs never take it (``test_compile_attention_hopper`` compiles it
+    for sm_90 there).  Only with the Triton releases in
+    ``attention_hopper.VERIFIED_TRITON`` (Gluon's API moves between
+    releases).  ``FUSEAUDIT_ATTENTION_GLUON=0`` turns it off.
+    """
+    if interp or not q.is_cuda or not _gluon_scope(q, k, v, decode, causal=causal, scale=scale):
+        return False
+    if os.environ.get("FUSEAUDIT_ATTENTION_GLUON", "1") == "0":
+        return False
+    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    if version not in attention_hopper.VERIFIED_TRITON:
+        return False
+    return torch.cuda.get_device_capability(q.device)[0] == 9
+
+
 def _scratch_allocator(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     """Global scratch for on-device tensor descriptors (Triton asks for it at each launch)."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
@@ -926,6 +988,9 @@ def attention_with_config(
     decode = rows <= DECODE_MAX_ROWS
     block_m = max(16, next_pow2(rows)) if decode else _INTERP_BLOCK_M if interp else None
 
+    if config is None and _use_gluon(q, k, v, decode, interp, causal=bool(causal), scale=scale):
+        attention_hopper.attention_into(q, k, v, out, causal=bool(causal), qk_scale=scale * LOG2E)
+        return out
     ws_config = config is not None and any(config is c for c in _WS_CONFIGS)
     use_ws = (ws_config or config is None) and _use_warp_specialize(q, k, v, decode, interp, causal=bool(causal))
     if ws_config and not use_ws:
