@@ -787,13 +787,24 @@ def _use_descriptors(q: torch.Tensor, decode: bool, interp: bool) -> bool:
 
 
 @functools.cache
+def _triton_release() -> tuple[int, int]:
+    """``(major, minor)`` of the installed Triton."""
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return major, minor
+
+
+@functools.cache
 def _hopper_warp_specialization() -> bool:
     """Whether this Triton warp-specialises attention loops on Hopper (3.5 and later).
 
     Triton 3.4 has the ``warp_specialize`` loop option for Blackwell only.
     """
-    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-    return (major, minor) >= (3, 5) and hasattr(tl, "make_tensor_descriptor")
+    return _triton_release() >= (3, 5) and hasattr(tl, "make_tensor_descriptor")
+
+
+def gluon_verified() -> bool:
+    """Whether this Triton is one the Gluon kernel ran on (``attention_hopper.VERIFIED_TRITON``)."""
+    return attention_hopper is not None and _triton_release() in attention_hopper.VERIFIED_TRITON
 
 
 def _use_warp_specialize(
@@ -873,18 +884,14 @@ def _use_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool, 
     2048/4096/8192/16384: causal 0.90/0.98/1.02/1.06, non-causal
     0.95/0.99/1.01/1.01 (the eighth session's kernels: causal 0.78-0.82 on
     the general kernel, non-causal 0.81-0.95 warp-specialised); fp16 alike.
-    Gluon has no interpreter,
-    so CPU runs never take it (``test_compile_attention_hopper`` compiles it
-    for sm_90 there).  Only with the Triton releases in
-    ``attention_hopper.VERIFIED_TRITON`` (Gluon's API moves between
-    releases).  ``FUSEAUDIT_ATTENTION_GLUON=0`` turns it off.
+    Gluon has no interpreter, so CPU runs never take it
+    (``test_compile_attention_hopper`` compiles it for sm_90 there).  Only
+    with the Triton releases it ran on (``gluon_verified``: Gluon's API
+    moves between releases).  ``FUSEAUDIT_ATTENTION_GLUON=0`` turns it off.
     """
     if interp or not q.is_cuda or not _gluon_scope(q, k, v, decode, causal=causal, scale=scale):
         return False
-    if os.environ.get("FUSEAUDIT_ATTENTION_GLUON", "1") == "0":
-        return False
-    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
-    if version not in attention_hopper.VERIFIED_TRITON:
+    if os.environ.get("FUSEAUDIT_ATTENTION_GLUON", "1") == "0" or not gluon_verified():
         return False
     return torch.cuda.get_device_capability(q.device)[0] == 9
 

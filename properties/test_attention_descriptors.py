@@ -141,10 +141,7 @@ def test_gluon_scope() -> None:
 def _gluon_or_skip(fuseaudit_device: str) -> None:
     if fuseaudit_device == "cpu":
         pytest.skip("Gluon kernels run on the GPU only (test_compile_attention_hopper compiles it on the CPU)")
-    import triton
-
-    version = tuple(int(x) for x in triton.__version__.split(".")[:2])
-    if torch.cuda.get_device_capability()[0] != 9 or version not in attn.attention_hopper.VERIFIED_TRITON:
+    if torch.cuda.get_device_capability()[0] != 9 or not attn.gluon_verified():
         pytest.skip("the Gluon kernel runs on Hopper with the Triton releases it was verified on")
 
 
