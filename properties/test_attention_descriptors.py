@@ -147,27 +147,34 @@ def _gluon_or_skip(fuseaudit_device: str) -> None:
 
 @needs_gluon
 @pytest.mark.parametrize(
-    ("causal", "sq", "sk", "hkv", "layout", "dtype"),
+    ("causal", "sq", "sk", "hkv", "layout", "dtype", "regime"),
     [
-        (True, 1100, 1100, 2, "contiguous", "bfloat16"),  # causal takes it from 1024 keys
-        (False, 333, 517, 2, "contiguous", "float16"),
-        (True, 1030, 2000, 1, "contiguous", "bfloat16"),  # Sq < Sk: top-left aligned
-        (True, 2000, 1030, 4, "contiguous", "float16"),  # Sq > Sk: rows past Sk see every key
-        (False, 128, 1, 4, "contiguous", "bfloat16"),  # one key
-        (True, 1200, 1200, 2, "expanded", "bfloat16"),  # stride-0 batch
-        (False, 256, 384, 4, "expanded", "float16"),
+        (True, 1100, 1100, 2, "contiguous", "bfloat16", "normal"),  # causal takes it from 1024 keys
+        (False, 333, 517, 2, "contiguous", "float16", "normal"),
+        (True, 1030, 2000, 1, "contiguous", "bfloat16", "normal"),  # Sq < Sk: top-left aligned
+        (True, 2000, 1030, 4, "contiguous", "float16", "normal"),  # Sq > Sk: rows past Sk see every key
+        (False, 128, 1, 4, "contiguous", "bfloat16", "normal"),  # one key
+        (True, 1200, 1200, 2, "expanded", "bfloat16", "normal"),  # stride-0 batch
+        (False, 256, 384, 4, "expanded", "float16", "normal"),
+        (True, 1100, 1100, 2, "contiguous", "float16", "large"),  # scores far past fp16's range
+        (False, 333, 700, 2, "contiguous", "bfloat16", "shifted"),  # a large common offset on every key
+        (True, 1100, 1300, 4, "contiguous", "bfloat16", "outliers"),
+        (False, 200, 200, 1, "contiguous", "float16", "near_constant"),
     ],
 )
 def test_gluon_path(fuseaudit_device: str, causal: bool, sq: int, sk: int, hkv: int, layout: str,
-                    dtype: str) -> None:
-    """The Gluon kernel against float64 (GPU): ragged queries and keys, causal with Sq != Sk, grouped-query."""
+                    dtype: str, regime: str) -> None:
+    """The Gluon kernel against float64 (GPU), in the property suite's value regimes.
+
+    Ragged queries and keys, causal with Sq != Sk, grouped-query, a stride-0 batch.
+    """
     from fuseaudit.case import Case, materialize
     from fuseaudit.catalog import OPS
     from fuseaudit.check import run_case
 
     _gluon_or_skip(fuseaudit_device)
     case = Case("attention", dtype, {"B": 2, "H": 4, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": 128},
-                {"q": layout, "k": layout, "v": "contiguous"}, "normal",
+                {"q": layout, "k": layout, "v": "contiguous"}, regime,
                 {"causal": causal, "scale": None}, seed=9)
     q, k, v = (t for t in materialize(case, fuseaudit_device).values())
     assert attn._use_gluon(q, k, v, False, False, causal=causal, scale=1.0), "this case must take the Gluon path"
