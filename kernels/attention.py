@@ -889,11 +889,10 @@ def _use_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool, 
     with the Triton releases it ran on (``gluon_verified``: Gluon's API
     moves between releases).  ``FUSEAUDIT_ATTENTION_GLUON=0`` turns it off.
     """
-    if interp or not q.is_cuda or not _gluon_scope(q, k, v, decode, causal=causal, scale=scale):
+    if interp or not q.is_cuda or not gluon_verified() or os.environ.get("FUSEAUDIT_ATTENTION_GLUON", "1") == "0":
         return False
-    if os.environ.get("FUSEAUDIT_ATTENTION_GLUON", "1") == "0" or not gluon_verified():
-        return False
-    return torch.cuda.get_device_capability(q.device)[0] == 9
+    return torch.cuda.get_device_capability(q.device)[0] == 9 and _gluon_scope(
+        q, k, v, decode, causal=causal, scale=scale)
 
 
 def _scratch_allocator(size: int, alignment: int, stream: int | None) -> torch.Tensor:
