@@ -251,7 +251,7 @@ def enabled() -> bool:
 
 def knobs() -> tuple[int, int, int]:
     """The module constants a plan depends on (part of its cache key, see ``_launch.planned``)."""
-    return (COOP_MIN_BYTES if enabled() else -1), MIN_CHUNK_BYTES, MAX_CHUNK
+    return (COOP_MIN_BYTES if ENABLED else -1), MIN_CHUNK_BYTES, MAX_CHUNK
 
 
 __all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "enabled", "gather", "knobs",

@@ -36,11 +36,17 @@ the raw stream handle as torch.compile's generated code does, passes data
 pointers as integers (the plan's key already says every tensor is on the
 plan's CUDA device) and passes no hooks while none is registered; with
 Triton 3.5 and 3.6 it calls the launcher's C function itself (see
-``_c_launch``).  H200 host, bf16 8 x 4096, GPU busy (twelfth session): the
-whole rms_norm wrapper 11.3 µs against 10.3 for ``F.rms_norm`` and 7.1 for
-``torch.add``.  When a launch hook is registered (``fuseaudit.launches``
-counts launches with one; so do Triton's profilers), each launch takes
-Triton's runner, hooks and all.
+``_c_launch``).  A kept plan's launch is one Python call (``plan.launch``,
+a closure over everything but the tensors), which reads the pointers with
+``map`` and checks the hooks inline.  H200 host, bf16, GPU busy, three
+rotating rounds (``reports/h200/host-time-session15.txt``), this path
+against the twelfth session's (a Plan method calling a closure, a helper per
+hook, a list of pointers): rms_norm at 8 x 4096 10.7 against 11.4 µs,
+layer_norm 10.9-11.3 against 11.6-11.8 at rows 1 and 64; ``F.rms_norm``
+10.3-10.5, ``F.layer_norm`` 10.5-10.7, ``torch.add`` 6.8-7.1.  When a
+launch hook is registered (``fuseaudit.launches`` counts launches with one;
+so do Triton's profilers), each launch takes Triton's runner, hooks and
+all.
 
 Plans are never kept under Triton's interpreter or with
 ``FUSEAUDIT_FAST_LAUNCH=0`` in the environment as the kernels are imported
@@ -75,10 +81,6 @@ _PLANS: dict[Hashable, Plan | None] = {}
 ENABLED = os.environ.get("FUSEAUDIT_FAST_LAUNCH", "1") not in ("", "0") and not interpreting()
 
 
-def _enabled() -> bool:
-    return ENABLED
-
-
 # torch.cuda.current_device() checks CUDA's lazy initialisation in Python
 # first; the plan's key reads the index directly (a launch initialises CUDA).
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
@@ -92,16 +94,16 @@ def clear_cache() -> None:
 class Plan:
     """One kernel launch with everything but its tensors fixed.
 
-    ``Plan(kernel, grid, *scalars, **meta)(*tensors)`` is
-    ``kernel[grid](*tensors, *scalars, **meta)``: the kernel takes its tensor
-    arguments first, then ``scalars`` (ints, floats); ``meta`` names its
+    ``Plan(kernel, grid, *scalars, **meta).launch(*tensors)`` (or calling
+    the plan) is ``kernel[grid](*tensors, *scalars, **meta)``: the kernel
+    takes its tensor arguments first, then ``scalars`` (ints, floats); ``meta`` names its
     constexprs and Triton's launch options (``num_warps``, ``num_stages``).
     ``scratch``, if given, maps the first tensor's device to tensors the
     kernel takes after the caller's: a workspace that cannot be kept in the
     plan, e.g. one per stream (see ``_coop.workspace``).
     """
 
-    __slots__ = ("_fast", "grid", "kernel", "meta", "scalars", "scratch")
+    __slots__ = ("grid", "kernel", "launch", "meta", "scalars", "scratch")
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], *scalars: Any,
                  scratch: Callable[[torch.device], tuple[torch.Tensor, ...]] | None = None, **meta: Any) -> None:
@@ -110,20 +112,26 @@ class Plan:
         self.scalars = scalars
         self.scratch = scratch
         self.meta = meta
-        # The compiled kernel's launcher once launched (see _launcher); False
-        # where none can be built (then every launch takes kernel[grid]).
-        self._fast: Callable[[tuple[torch.Tensor, ...]], None] | bool | None = None
+        # ``plan.launch(*tensors)`` launches: through kernel[grid] until the
+        # kernel is compiled, then through the compiled kernel's launcher
+        # (see _launcher) where one can be built.  One attribute, so a kept
+        # plan's launch is one Python call.
+        self.launch: Callable[..., None] = self._first_launch
 
     def __call__(self, *tensors: torch.Tensor) -> None:
+        self.launch(*tensors)
+
+    def _first_launch(self, *tensors: torch.Tensor) -> None:
+        compiled = self._launch_by_kernel(*tensors)
+        if ENABLED:  # from now on the compiled kernel's launcher, or kernel[grid] where none can be built
+            scratch = () if self.scratch is None else self.scratch(tensors[0].device)
+            self.launch = _launcher(self, compiled, len(tensors) + len(scratch)) or self._launch_by_kernel
+
+    def _launch_by_kernel(self, *tensors: torch.Tensor) -> Any:
+        """``kernel[grid](...)``, Triton's own launch; returns its compiled kernel."""
         if self.scratch is not None:
             tensors = (*tensors, *self.scratch(tensors[0].device))
-        fast = self._fast
-        if fast:
-            fast(tensors)
-            return
-        compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.meta)
-        if fast is None and _enabled():
-            self._fast = _launcher(self, compiled, len(tensors)) or False
+        return self.kernel[self.grid](*tensors, *self.scalars, **self.meta)
 
     def __repr__(self) -> str:
         name = getattr(self.kernel, "__name__", type(self.kernel).__name__)
@@ -141,7 +149,7 @@ def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...
     value the plan depends on.  Anything that is not a tensor among
     ``inputs`` skips the cache, so ``build`` raises its error.
     """
-    if not _enabled():
+    if not ENABLED:
         return build()
     try:
         key = (params, _current_device(), *[
@@ -162,15 +170,18 @@ def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...
     return plan
 
 
-def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[[tuple[torch.Tensor, ...]], None] | None:
+def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[..., None] | None:
     """A function launching ``compiled`` on the plan's grid with given tensors, or None where none can be built.
 
-    Its arguments after the tensors are the plan's scalars and constexpr
-    values in signature order (Triton's binder is what this skips).
+    ``n_tensors`` counts the kernel's tensor arguments, the plan's scratch
+    included (the function appends those); after them come the plan's
+    scalars and constexpr values in signature order (Triton's binder is what
+    this skips).
     """
     names = getattr(plan.kernel, "arg_names", None)
     if compiled is None or names is None or not hasattr(compiled, "__getitem__"):
         return None
+    scratch = plan.scratch
     rest = names[n_tensors + len(plan.scalars):]
     if any(name not in plan.meta for name in rest):  # a defaulted argument: leave it to Triton's binder
         return None
@@ -181,13 +192,18 @@ def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[[tuple[torc
         run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     except Exception:  # an older CompiledKernel: keep the normal path
         return None
-    device = getattr(torch._C, "_cuda_getDevice", None)
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
     stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if device is None or stream is None or runtime is None:
-        def launch_by_runner(tensors: tuple[torch.Tensor, ...]) -> None:
+    if get_device is None or stream is None or runtime is None:
+        def launch_by_runner(*tensors: torch.Tensor) -> None:
+            if scratch is not None:
+                tensors = (*tensors, *scratch(tensors[0].device))
             runner(*tensors, *trailing)
         return launch_by_runner
+    # A plan is kept per current device (see planned): it launches on this
+    # device's current stream.
+    device = get_device()
     gx, gy, gz = grid3
     # run(grid, stream, function, metadata, no launch metadata, no hooks, ...),
     # or the C launch it calls, given what run() would add (see _c_launch)
@@ -197,12 +213,23 @@ def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[[tuple[torc
         call, coop, pdl = c_launch
         extra = (coop, pdl, None, None, *extra)
 
-    def launch(tensors: tuple[torch.Tensor, ...]) -> None:
-        if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
+    def launch(*tensors: torch.Tensor) -> None:
+        if scratch is not None:
+            tensors = (*tensors, *scratch(tensors[0].device))
+        # Any registered hook (launch counting, profilers): Triton's runner.
+        # A Triton 3.4 hook is a callable or None, a 3.5+ one a chain with a
+        # list of calls; spelled out here, not in a helper, as this runs on
+        # every launch.
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        if ((enter is not None and getattr(enter, "calls", True))
+                or (leave is not None and getattr(leave, "calls", True))):
             runner(*tensors, *trailing)
             return
-        call(gx, gy, gz, stream(device()), function, *extra, *[t.data_ptr() for t in tensors], *trailing)
+        call(gx, gy, gz, stream(device), function, *extra, *map(_data_ptr, tensors), *trailing)
     return launch
+
+
+_data_ptr = torch.Tensor.data_ptr
 
 
 # The launcher's __call__ arguments in the Triton versions whose C launch
@@ -231,8 +258,3 @@ def _c_launch(run: Any) -> tuple[Callable[..., None], Any, Any] | None:
     if params != _C_LAUNCH_CALL or not hasattr(run, "launch_cooperative_grid") or not hasattr(run, "launch_pdl"):
         return None
     return c_call, run.launch_cooperative_grid, run.launch_pdl
-
-
-def _hooked(hook: Any) -> bool:
-    """Whether a launch hook is registered: a callable (Triton 3.4) or a non-empty chain (3.5 on)."""
-    return hook is not None and bool(getattr(hook, "calls", True))

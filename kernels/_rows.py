@@ -338,6 +338,29 @@ class TailSplit(NamedTuple):
     min_n: int = 2048
 
 
+class TwoBlocks(NamedTuple):
+    """Rows of exactly ``2 * block`` elements, at least ``min_rows`` of them: the looped kernel in two blocks.
+
+    With many rows in flight a row in two blocks beat the row held whole.
+    H200, rows of 8192, event µs after an L2 flush, whole -> looped
+    (``reports/h200/loop-ab*-session15.txt``, ``two-blocks-threshold-session15.txt``):
+    at 16384 rows rms_norm bf16 135.0 -> 130.7 (4096, 8 warps, prefetch 1),
+    fp16 135.5 -> 130.6, float32 264.5 -> 256.7 (4096, 16, 2), softmax
+    float32 270.7 -> 256.8 (4096, 8, 1); at 8192 rows rms_norm bf16 69.7 ->
+    69.2, float32 135.5 -> 132.5, softmax float32 140.1 -> 131.6.  Fewer rows
+    lost for rms_norm (4096 rows: bf16 38.0 -> 38.6, float32 69.8 -> 70.7;
+    1024: 13.8 -> 15.0), not for softmax in float32 (4096 rows 73.9 -> 70.6,
+    2048 41.4 -> 39.5; at 1024 a tie, 24.3 -> 24.0, and 24.3 µs either way
+    in ``fuseaudit bench``).  The residual variants, softmax in half
+    precision, and rows of 4096 and 16384 lost or tied.
+    """
+
+    min_rows: int
+    block: int
+    warps: int
+    prefetch: int
+
+
 class RowTuning(NamedTuple):
     """How one row kernel spreads a row over threads (each kernel file declares its own).
 
@@ -396,6 +419,11 @@ class RowTuning(NamedTuple):
     # The looped kernel's RowBlocks.prefetch in half precision, in float32.
     wide_prefetch: int = 0
     float32_wide_prefetch: int = 0
+    # Rows of exactly two blocks that loop over them once there are enough of
+    # them (see TwoBlocks), in half precision and in float32; None: those
+    # rows follow the other rules.
+    two_blocks: TwoBlocks | None = None
+    float32_two_blocks: TwoBlocks | None = None
 
 
 class RowBlocks(NamedTuple):
@@ -462,6 +490,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     if element_size == 4 and block_n > cap:  # float32 past the cap: float32_whole_from alone decides
         wide = not 0 < tuning.float32_whole_from <= block_n <= FLOAT32_WHOLE_MAX
     prefetch = tuning.float32_wide_prefetch if element_size == 4 else tuning.wide_prefetch
+    two = tuning.float32_two_blocks if element_size == 4 else tuning.two_blocks
+    if two is not None and rows >= two.min_rows and n == 2 * two.block:
+        return RowBlocks(1, two.block, two.warps, True, prefetch=two.prefetch)
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
         return RowBlocks(1, tuning.uneven_block, tuning.uneven_warps, True, prefetch=prefetch)
     # A split may keep whole a row that "wide" would loop over.  It pays when

@@ -69,7 +69,7 @@ def _bias_act(
     plan = planned((op, activation), (x, residual, bias), lambda: _plan(op, x, residual, bias, activation))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if plan is not None:
-        plan(x, x if residual is None else residual, bias, y)  # R is never read without a residual
+        plan.launch(x, x if residual is None else residual, bias, y)  # R is never read without a residual
     return y
 
 

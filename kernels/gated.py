@@ -56,7 +56,7 @@ def _gated(op: str, gate: torch.Tensor, up: torch.Tensor, activation: int) -> to
     plan = planned((op, activation), (gate, up), lambda: _plan(op, gate, up, activation))
     y = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if plan is not None:
-        plan(gate, up, y)
+        plan.launch(gate, up, y)
     return y
 
 

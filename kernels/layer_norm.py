@@ -439,7 +439,7 @@ def _layer_norm(
     h = None if residual is None else torch.empty_like(y)
     if plan is not None:
         # Without a residual, R is never read and H never written: x and y stand in.
-        plan(x, x if residual is None else residual, weight, bias, y, y if h is None else h)
+        plan.launch(x, x if residual is None else residual, weight, bias, y, y if h is None else h)
     return y, h
 
 

@@ -49,6 +49,7 @@ from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
     TailSplit,
+    TwoBlocks,
     add_residual,
     aligned_width,
     check_row_shapes,
@@ -82,9 +83,11 @@ from ._rows import (
 # 65536 1278.1 -> 1271.0 -> 1195.8, add_rms_norm 65536 2369.9 -> 2254.0 -> 2243.8;
 # float32 65536 2738.9 -> 2728.9 -> 2704.2 (again: 2735.4 -> 2728.7 -> 2701.5),
 # add_rms_norm 5186.2 -> 5185.9 -> 5199.2.
+# From 8192 rows, rows of exactly 8192 loop over two blocks of 4096 (see _rows.TwoBlocks).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
                    split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768, wide_prefetch=1,
-                   float32_wide_prefetch=2)
+                   float32_wide_prefetch=2,
+                   two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2))
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
@@ -92,7 +95,7 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 771.5 padded to 16384); float32 rows of 16384 whole too (16384 rows: 1079.2 µs
 # whole, 1097.7 looped, 1096.9 prefetching).
 ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=TailSplit(max_tail=0),
-                             float32_whole_from=16384)
+                             float32_whole_from=16384, two_blocks=None, float32_two_blocks=None)
 
 
 @triton.jit
@@ -286,7 +289,7 @@ def _rms_norm(
     h = None if residual is None else torch.empty_like(y)
     if plan is not None:
         # Without a residual, R is never read and H never written: x and y stand in.
-        plan(x, x if residual is None else residual, weight, y, y if h is None else h)
+        plan.launch(x, x if residual is None else residual, weight, y, y if h is None else h)
     return y, h
 
 

@@ -55,6 +55,7 @@ from ._launch import Plan, planned
 from ._rows import (
     RowTuning,
     TailSplit,
+    TwoBlocks,
     aligned_width,
     check_tensors,
     load_back_block,
@@ -75,9 +76,10 @@ from ._rows import (
 # passes: N = 11008 379.4 -> 351.2 -> 353.0 µs, 16384 511.0 -> 540.1 -> 521.0,
 # 32768 1201.7 -> 1085.6 -> 1071.1, 65536 2737.7 -> 2595.9 -> 2562.1); half-precision
 # rows do not (bf16 11008 206.3 -> 207.1 -> 210.9, 65536 1313.8 -> 1317.7 -> 1313.4).
+# From 2048 rows, float32 rows of exactly 8192 loop over two blocks of 4096 (see _rows.TwoBlocks).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
-                   float32_wide_prefetch=2)
+                   float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and
 # LN2_LO are ln 2 rounded to float32 and what that rounding drops.
@@ -299,7 +301,7 @@ def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     plan = planned(("softmax", scale, TUNING, _rows.MAX_FUSED_BYTES, _coop.knobs()), (x,), lambda: _plan(x, scale))
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if plan is not None:
-        plan(x, y)
+        plan.launch(x, y)
     return y
 
 

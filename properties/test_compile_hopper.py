@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
     ]
     POINTERS = ("X", "R", "W", "B", "Y", "H")
     WORKSPACE = {"Part": "*fp32", "Count": "*i32"}  # the cooperative kernels' (kernels/_coop.py)
-    WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 11008, 16384, 40000)
+    WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 8192, 11008, 16384, 40000)
     ROWS = (8, 16384)
 
     def signature(fn, dtype, constexprs):
@@ -83,7 +83,7 @@ SCRIPT = textwrap.dedent(
                     if module is softmax:
                         consts["PRECISE"] = dtype == torch.float32
                     if b.wide:
-                        fn, consts = wide, dict(consts, BLOCK_N=b.block_n)
+                        fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch)
                         consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
                     else:
                         fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,

@@ -106,18 +106,18 @@ def test_direct_launch_and_its_fallback_to_tritons_runner(monkeypatch: pytest.Mo
     runtime = triton.knobs.runtime
     monkeypatch.setattr(runtime, "launch_enter_hook", None)
     monkeypatch.setattr(runtime, "launch_exit_hook", None)
-    launch((x, y))
+    launch(x, y)
     assert calls.pop() == ("run", 5, 2, 1, 1003, "function", "packed", None, None, None,
                            x.data_ptr(), y.data_ptr(), 77, 64), "grid, stream of the current device, ints, trailing"
     hooked = type("Chain", (), {"calls": [print]})()  # a non-empty hook chain (Triton >= 3.5)
     monkeypatch.setattr(runtime, "launch_enter_hook", hooked)
-    launch((x, y))
+    launch(x, y)
     name, grid, *args = calls.pop()
     assert (name, grid) == ("runner", (5, 2, 1)) and args[0] is x and args[1] is y and args[2:] == [77, 64]
     empty = type("Chain", (), {"calls": []})()
     monkeypatch.setattr(runtime, "launch_enter_hook", empty)
     monkeypatch.setattr(runtime, "launch_exit_hook", lambda metadata: None)  # Triton 3.4: a plain callable
-    launch((x, y))
+    launch(x, y)
     assert calls.pop()[0] == "runner", "any registered hook, enter or exit, takes the runner"
     assert _launch._launcher(_launch.Plan(Kernel(), (1,), 77), Compiled(), 2) is None, \
         "a constexpr the plan does not name is left to Triton's binder"
@@ -162,12 +162,57 @@ def test_direct_c_launch_only_where_the_launcher_is_recognised(monkeypatch: pyte
     x, y = torch.zeros(8), torch.zeros(8)
     ptrs = (x.data_ptr(), y.data_ptr())
 
-    _launch._launcher(plan, compiled(Launcher()), 2)((x, y))
+    _launch._launcher(plan, compiled(Launcher()), 2)(x, y)
     assert calls.pop() == ("C launch", 5, 2, 1, 1003, "function", False, True, None, None,
                            "packed", None, None, None, *ptrs, 77, 64), "cooperative, pdl, no scratch, then run's args"
     for run in (Launcher(global_scratch=128), Launcher(profile_scratch=64), OtherLauncher()):
-        _launch._launcher(plan, compiled(run), 2)((x, y))
+        _launch._launcher(plan, compiled(run), 2)(x, y)
         assert calls.pop()[0] == "run", f"{type(run).__name__} {vars(run)}: run(...) decides what to pass"
     monkeypatch.setattr(runtime, "launch_exit_hook", lambda metadata: None)
-    _launch._launcher(plan, compiled(Launcher()), 2)((x, y))
+    _launch._launcher(plan, compiled(Launcher()), 2)(x, y)
     assert calls.pop()[0] == "runner", "a registered hook still takes Triton's runner"
+
+
+def test_a_plan_switches_to_the_launcher_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan's first launch takes ``kernel[grid]``; after it, ``plan.launch`` is the compiled kernel's launcher,
+    or, where none can be built, ``kernel[grid]`` for good (the attempt is not repeated on every call)."""
+    import triton
+
+    calls: list[str] = []
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+
+        def run(self, *args):
+            calls.append("run")
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append("runner")
+
+    class Kernel:
+        arg_names = ("X", "Y", "n", "BLOCK")
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: (calls.append("kernel[grid]"), Compiled())[1]
+
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_exit_hook", None)
+    built: list[object] = []
+    real = _launch._launcher
+    monkeypatch.setattr(_launch, "_launcher", lambda *a: built.append(a) or real(*a))
+    x, y = torch.zeros(4), torch.zeros(4)
+
+    plan = _launch.Plan(Kernel(), (2,), 5, BLOCK=64)
+    for _ in range(3):
+        plan.launch(x, y)
+    assert calls == ["kernel[grid]", "run", "run"] and len(built) == 1
+
+    calls.clear()
+    built.clear()
+    unnamed = _launch.Plan(Kernel(), (2,), 5)  # BLOCK left to Triton's binder: no launcher can be built
+    for _ in range(3):
+        unnamed(x, y)
+    assert calls == ["kernel[grid]"] * 3 and len(built) == 1, "the launcher is looked for once, not on every call"

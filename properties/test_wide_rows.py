@@ -353,3 +353,43 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
         with mock.patch.object(_coop, "ENABLED", False):  # what FUSEAUDIT_COOP=0 sets
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax"])
+def test_two_blocks_with_many_rows(op, fuseaudit_device):
+    """Rows of exactly two ``RowTuning.two_blocks`` blocks loop over them from ``min_rows`` rows: rms_norm in both
+    precisions, softmax in float32; the rest (and fewer rows, and other widths) keep their rules.  Three strided
+    rows of 8192 with ``min_rows`` lowered to 3, through whichever path that picks, against float64."""
+    import importlib
+
+    from fuseaudit.kernels import _coop, _rows
+
+    from fuseaudit.case import Case
+
+    spec = OPS[op]
+    module = importlib.import_module(spec.reference.split(":")[0])
+    name = "ADD_TUNING" if op.startswith("add_") else "TUNING"
+    tuning = getattr(module, name)
+    loops = {"rms_norm": {2: (8192, 4096, 8, 1), 4: (8192, 4096, 16, 2)}, "softmax": {4: (2048, 4096, 8, 1)}}
+    loops = loops.get(op, {})
+    plain = tuning._replace(two_blocks=None, float32_two_blocks=None)
+    for size in (2, 4):
+        two = tuning.float32_two_blocks if size == 4 else tuning.two_blocks
+        assert (two and tuple(two)) == loops.get(size), "the measured rule (see TwoBlocks)"
+        many = two.min_rows if two else 16384
+        blocks = _rows.row_block_config(many, 8192, size, tuning)
+        if two:
+            assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == tuple(two)[1:]
+        for rows, n in ((many - 1, 8192), (many, 4096), (many, 8000), (many, 16384)):  # fewer rows, other widths
+            assert _rows.row_block_config(rows, n, size, tuning) == _rows.row_block_config(rows, n, size, plain)
+    for dtype, size in (("bfloat16", 2), ("float32", 4)):
+        case = Case(op=op, dtype=dtype, dims={"lead": (3,), "N": 8192}, regime="normal",
+                    layouts={name: "transposed" if size == 2 else "padded" for name in spec.input_names},
+                    params=spec.defaults(), seed=5)
+        lowered = tuning._replace(**{k: v and v._replace(min_rows=3) for k, v in
+                                     (("two_blocks", tuning.two_blocks),
+                                      ("float32_two_blocks", tuning.float32_two_blocks))})
+        with mock.patch.object(module, name, lowered), mock.patch.object(_coop, "ENABLED", False):
+            assert _rows.row_block_config(3, 8192, size, lowered).wide == (size in loops)
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
