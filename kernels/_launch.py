@@ -96,8 +96,9 @@ class Plan:
 
     ``Plan(kernel, grid, *scalars, **meta).launch(*tensors)`` (or calling
     the plan) is ``kernel[grid](*tensors, *scalars, **meta)``: the kernel
-    takes its tensor arguments first, then ``scalars`` (ints, floats); ``meta`` names its
-    constexprs and Triton's launch options (``num_warps``, ``num_stages``).
+    takes its tensor arguments first, then ``scalars`` (ints, floats);
+    ``meta`` names its constexprs and Triton's launch options
+    (``num_warps``, ``num_stages``).
     ``scratch``, if given, maps the first tensor's device to tensors the
     kernel takes after the caller's: a workspace that cannot be kept in the
     plan, e.g. one per stream (see ``_coop.workspace``).

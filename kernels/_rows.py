@@ -352,7 +352,7 @@ class TwoBlocks(NamedTuple):
     1024: 13.8 -> 15.0), not for softmax in float32 (4096 rows 73.9 -> 70.6,
     2048 41.4 -> 39.5; at 1024 a tie, 24.3 -> 24.0, and 24.3 µs either way
     in ``fuseaudit bench``).  The residual variants, softmax in half
-    precision, and rows of 4096 and 16384 lost or tied.
+    precision, and rows of 4096 or 16384 elements lost or tied.
     """
 
     min_rows: int
