@@ -368,8 +368,8 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
 
     spec = OPS[op]
     module = importlib.import_module(spec.reference.split(":")[0])
-    name = "ADD_TUNING" if op.startswith("add_") else "TUNING"
-    tuning = getattr(module, name)
+    attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
+    tuning = getattr(module, attr)
     loops = {"rms_norm": {2: (8192, 4096, 8, 1), 4: (8192, 4096, 16, 2)}, "softmax": {4: (2048, 4096, 8, 1)}}
     loops = loops.get(op, {})
     plain = tuning._replace(two_blocks=None, float32_two_blocks=None)
@@ -389,7 +389,7 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
         lowered = tuning._replace(**{k: v and v._replace(min_rows=3) for k, v in
                                      (("two_blocks", tuning.two_blocks),
                                       ("float32_two_blocks", tuning.float32_two_blocks))})
-        with mock.patch.object(module, name, lowered), mock.patch.object(_coop, "ENABLED", False):
+        with mock.patch.object(module, attr, lowered), mock.patch.object(_coop, "ENABLED", False):
             assert _rows.row_block_config(3, 8192, size, lowered).wide == (size in loops)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
