@@ -240,13 +240,9 @@ def chunk_width(split, N, CHUNK: tl.constexpr):
 
 
 # False with FUSEAUDIT_COOP=0 in the environment as the kernels are imported
-# (read once: see _launch.ENABLED); a test may set it.
+# (read once: see _launch.ENABLED): every row then keeps one program (e.g.
+# where cooperative launches are refused).  A test may set it.
 ENABLED = os.environ.get("FUSEAUDIT_COOP", "1") not in ("", "0")
-
-
-def enabled() -> bool:
-    """False with ``FUSEAUDIT_COOP=0``: every row keeps one program (e.g. where cooperative launches are refused)."""
-    return ENABLED
 
 
 def knobs() -> tuple[int, int, int]:
@@ -254,5 +250,5 @@ def knobs() -> tuple[int, int, int]:
     return (COOP_MIN_BYTES if ENABLED else -1), MIN_CHUNK_BYTES, MAX_CHUNK
 
 
-__all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "enabled", "gather", "knobs",
+__all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "gather", "knobs",
            "launch_options", "publish", "sm_count", "workspace"]
