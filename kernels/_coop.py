@@ -23,6 +23,14 @@ the launch is *cooperative* (``launch_cooperative_grid=True``: CUDA refuses
 it rather than queue a program behind a spinning one), and the grid is kept
 to at most one program per SM.
 
+Many wide float32 rows (an op's ``_rows.ManyRows`` rule) split the same way,
+but over a fixed grid: ``groups`` groups of ``SPLITS`` programs, a few
+programs an SM, each group taking every ``groups``-th row and each program
+loading its chunk of the next row before it waits for this one.  Where a
+cooperative grid does not fit after all (more registers than the rule
+expected), CUDA refuses the launch and the plan falls back to the op's
+one-program-a-row kernel (``_launch.Plan``'s ``fallback``).
+
 The counter is never reset.  Every launch adds exactly ``EPOCH`` to each row's
 counter (program ``s`` adds its share, :func:`arrive_step`), so at the start
 of a launch it is a multiple of ``EPOCH``; a program has seen its whole row
@@ -56,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import interpreting, next_pow2
+from ._rows import ManyRows, interpreting, next_pow2, row_offsets
 
 # Rows narrower than this many bytes keep one program a row: they are done
 # in about a launch's time anyway.  H200, event time after an L2 flush
@@ -85,7 +93,8 @@ EPOCH_BITS = tl.constexpr(10)
 EPOCH = 1 << EPOCH_BITS.value
 # The interpreter has no SMs; route as on an H100/H200 so the CPU tests take the GPU's paths.
 INTERPRETER_SMS = 132
-# Workspace: a counter a row and two float32 partials a program.
+# Workspace: a counter a row (a group of programs) and two float32 partials a program, twice (a
+# group's consecutive rows alternate between two sets of slots).
 MAX_ROWS = 1024
 MAX_PROGRAMS = 4096
 # Each row's counter on its own 128-byte line: the programs of one row poll
@@ -94,11 +103,19 @@ COUNTER_STRIDE = tl.constexpr(32)
 
 
 class CoopBlocks(NamedTuple):
-    """A row split over ``splits`` programs of ``chunk`` columns (the last may be partly masked)."""
+    """A row split over ``splits`` programs of ``chunk`` columns (the last may be partly masked).
+
+    ``groups``: None for one row a group of ``splits`` programs (a few
+    rows), else that many groups, each taking every ``groups``-th row (many
+    rows, see ``_rows.ManyRows``); ``prefetch``: 1 where a program loads
+    its next row before it waits for this one's partials.
+    """
 
     chunk: int
     splits: int
     num_warps: int
+    groups: int | None = None
+    prefetch: int = 0
 
     @property
     def slots(self) -> int:
@@ -118,24 +135,37 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def coop_config(rows: int, n: int, element_size: int, device: torch.device) -> CoopBlocks | None:
+def coop_config(rows: int, n: int, element_size: int, device: torch.device,
+                many: ManyRows | None = None) -> CoopBlocks | None:
     """How to split ``rows`` rows of ``n`` elements over programs, or None to keep one program a row.
 
     A row is split when it is at least ``COOP_MIN_BYTES`` wide and at least
     two programs a row fit on the SMs; it is split as finely as the SMs
     allow down to chunks of ``MIN_CHUNK_BYTES``, and not at all where a
     chunk would exceed ``MAX_CHUNK`` elements; never with ``FUSEAUDIT_COOP=0``.
+    More rows than that split only by the op's ``many`` rule (its chunk,
+    warps and programs an SM), for rows at least ``many.min_n`` wide, in
+    groups of programs that loop over the rows.
     Module constants are read at call time, so tests lower them to split
     small rows.
     """
-    return _coop_config(rows, n, element_size, sm_count(device), knobs())
+    return _coop_config(rows, n, element_size, sm_count(device), knobs(), many)
 
 
 @functools.lru_cache(maxsize=4096)
-def _coop_config(rows: int, n: int, element_size: int, sms: int, knobs: tuple[int, ...]) -> CoopBlocks | None:
+def _coop_config(rows: int, n: int, element_size: int, sms: int, knobs: tuple[int, ...],
+                 many: ManyRows | None = None) -> CoopBlocks | None:
     min_bytes, min_chunk_bytes, max_chunk = knobs
-    if min_bytes < 0 or n * element_size < min_bytes or rows > min(sms // 2, MAX_ROWS):
+    if min_bytes < 0 or n * element_size < min_bytes:
         return None
+    if rows > min(sms // 2, MAX_ROWS):
+        if many is None or n < many.min_n or rows < many.min_rows:
+            return None
+        splits = triton.cdiv(n, many.chunk)
+        groups = min(sms * many.per_sm // splits, rows, MAX_ROWS, MAX_PROGRAMS // splits)
+        if splits < 2 or groups < 1:
+            return None
+        return CoopBlocks(many.chunk, splits, many.warps, groups, prefetch=1)
     most = min(sms // rows, EPOCH, MAX_PROGRAMS // rows)  # programs a row
     chunk = max(next_pow2(triton.cdiv(n, most)), next_pow2(max(min_chunk_bytes // element_size, 1)))
     splits = triton.cdiv(n, chunk)
@@ -168,7 +198,7 @@ def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return _WORKSPACES[key]
     except KeyError:
         pass
-    buffers = (torch.zeros(2 * MAX_PROGRAMS, dtype=torch.float32, device=device),
+    buffers = (torch.zeros(4 * MAX_PROGRAMS, dtype=torch.float32, device=device),
                torch.zeros(MAX_ROWS * COUNTER_STRIDE.value, dtype=torch.int32, device=device))
     _WORKSPACES[key] = buffers
     return buffers
@@ -195,7 +225,11 @@ def arrive_step(split, SPLITS: tl.constexpr):
 
 @triton.jit
 def publish(Part, row, split, a, b, SPLITS: tl.constexpr):
-    """Store one program's partial ``(a, b)`` in its slot of the row's ``2 * SPLITS`` floats."""
+    """Store one program's partial ``(a, b)`` in its slot of the row's ``2 * SPLITS`` floats.
+
+    ``row`` numbers the row's slots: the row itself with one row a group,
+    else :func:`row_slots` (gather takes the same number).
+    """
     slot = Part + (row * SPLITS + split) * 2
     tl.store(slot, a)
     tl.store(slot + 1, b)
@@ -232,6 +266,36 @@ def gather(Part, row, SPLITS: tl.constexpr, SLOTS: tl.constexpr, A_PAD: tl.const
 
 
 @triton.jit
+def load_raw_chunk(X, R, row, n_rows, cols, N, D1, D2, sx0, sx1, sx2, sxn, sr0, sr1, sr2, srn,
+                   ALIGN: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """Columns ``cols`` of row ``row`` of ``x`` and of the residual in their own dtype, 0 past ``N`` or ``n_rows``.
+
+    ``x`` twice without a residual.  A program loads its next row with this
+    before it waits for this row's partials: converted here, the values
+    would be waited for here.
+    """
+    # (a column bound of 0 past the last row: Triton 3.9's interpreter rejects a block mask & a scalar)
+    mask = cols < tl.where(row < n_rows, N, 0)
+    offs = cols.to(tl.int64)
+    x = tl.load(X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN) + offs * sxn, mask=mask, other=0.0)
+    r = x
+    if HAS_RESIDUAL:
+        r = tl.load(R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN) + offs * srn, mask=mask, other=0.0)
+    return x, r
+
+
+@triton.jit
+def row_slots(group, k):
+    """The slots of a group's ``k``-th row: consecutive rows alternate between two sets.
+
+    A program can be at most one row ahead of the slowest of its group (it
+    waits for all of them at every row), so row k + 2 never overwrites
+    partials that row k's programs may still be reading.
+    """
+    return group * 2 + (k & 1)
+
+
+@triton.jit
 def chunk_width(split, N, CHUNK: tl.constexpr):
     """Columns of the row that chunk ``split`` holds (``CHUNK``, fewer for the last)."""
     return tl.minimum(N - split * CHUNK, CHUNK)
@@ -251,4 +315,4 @@ def knobs() -> tuple[int, int, int]:
 
 
 __all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "gather", "knobs",
-           "launch_options", "publish", "sm_count", "workspace"]
+           "launch_options", "load_raw_chunk", "publish", "row_slots", "sm_count", "workspace"]

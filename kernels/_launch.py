@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -102,16 +103,21 @@ class Plan:
     ``scratch``, if given, maps the first tensor's device to tensors the
     kernel takes after the caller's: a workspace that cannot be kept in the
     plan, e.g. one per stream (see ``_coop.workspace``).
+    ``fallback``, if given, is a plan taking the same tensors that this one
+    gives way to for good when CUDA refuses its first launch as a
+    cooperative grid that does not fit (see ``_coop.py``), with a warning.
     """
 
-    __slots__ = ("grid", "kernel", "launch", "meta", "scalars", "scratch")
+    __slots__ = ("fallback", "grid", "kernel", "launch", "meta", "scalars", "scratch")
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], *scalars: Any,
-                 scratch: Callable[[torch.device], tuple[torch.Tensor, ...]] | None = None, **meta: Any) -> None:
+                 scratch: Callable[[torch.device], tuple[torch.Tensor, ...]] | None = None,
+                 fallback: Plan | None = None, **meta: Any) -> None:
         self.kernel = kernel
         self.grid = grid
         self.scalars = scalars
         self.scratch = scratch
+        self.fallback = fallback
         self.meta = meta
         # ``plan.launch(*tensors)`` launches: through kernel[grid] until the
         # kernel is compiled, then through the compiled kernel's launcher
@@ -123,7 +129,16 @@ class Plan:
         self.launch(*tensors)
 
     def _first_launch(self, *tensors: torch.Tensor) -> None:
-        compiled = self._launch_by_kernel(*tensors)
+        try:
+            compiled = self._launch_by_kernel(*tensors)
+        except RuntimeError as e:
+            if self.fallback is None or "cooperative" not in str(e):
+                raise
+            warnings.warn(f"{self!r}: CUDA refused the cooperative launch ({e}); using {self.fallback!r}",
+                          RuntimeWarning, stacklevel=4)
+            self.fallback.launch(*tensors)
+            self.launch = self.fallback.launch  # its own launcher from now on
+            return
         if ENABLED:  # from now on the compiled kernel's launcher, or kernel[grid] where none can be built
             scratch = () if self.scratch is None else self.scratch(tensors[0].device)
             self.launch = _launcher(self, compiled, len(tensors) + len(scratch)) or self._launch_by_kernel

@@ -361,6 +361,36 @@ class TwoBlocks(NamedTuple):
     prefetch: int
 
 
+class ManyRows(NamedTuple):
+    """Many float32 rows (``min_rows``, at least ``min_n`` elements): each split over programs of a persistent launch.
+
+    Program ``(g, s)`` holds chunk ``s`` (``chunk`` elements, ``warps``
+    warps) of rows ``g, g + G, g + 2G, ...``, ``per_sm`` programs an SM,
+    in one cooperative launch (see ``_coop.py``): every element is read
+    once and kept in registers while the row's statistics are merged, where
+    the looped kernel reads the row twice and rows of 256 KiB no longer
+    stay in L2 for the second read.  Each program loads its next row before
+    it waits for this one's partials.  H200, float32, event µs after an L2
+    flush, looped -> split (``reports/h200/many-rows-*-session16.txt``):
+    rms_norm in chunks of 8192, 8 warps, 2 programs an SM: 16384 x 65536
+    2712.2 -> 2252.2 (copy 2009.8), 1024 x 65536 182.6 -> 149.0, 128 x
+    65536 28.0 -> 25.5, 16384 x 40000 1521.2 -> 1436.2; add_rms_norm
+    (4096, 8 warps, 2 an SM; 8192 in 8 warps did not fit two an SM)
+    16384 x 65536 5166.6 -> 4598.2, 1024 x 40000 196.9 -> 188.0, but 128
+    rows lost (44.2 -> 47.6).  The layer_norms lost or tied at every
+    config tried (add_layer_norm 16384 x 65536: 4858.3 looped, 5012.5 at
+    best split), and in bfloat16 the chunks that fit two programs an SM
+    were too small to win (rms_norm 1024 x 65536: 97.1 against 86.5
+    looped; ``pcoop-*-session16.txt``), softmax in float32 tied.
+    """
+
+    min_n: int
+    chunk: int
+    warps: int
+    per_sm: int
+    min_rows: int = 0
+
+
 class RowTuning(NamedTuple):
     """How one row kernel spreads a row over threads (each kernel file declares its own).
 
@@ -424,6 +454,8 @@ class RowTuning(NamedTuple):
     # rows follow the other rules.
     two_blocks: TwoBlocks | None = None
     float32_two_blocks: TwoBlocks | None = None
+    # Many float32 rows this wide or wider are split over programs (see ManyRows); None: never.
+    float32_many_rows: ManyRows | None = None
 
 
 class RowBlocks(NamedTuple):

@@ -76,7 +76,9 @@ from ._coop import (
     coop_config,
     gather,
     launch_options,
+    load_raw_chunk,
     publish,
+    row_slots,
     workspace,
 )
 from ._launch import Plan, planned
@@ -365,7 +367,7 @@ def _chunk_partial(x, mask, x0, split, N, CHUNK: tl.constexpr):
 @triton.jit
 def layer_norm_coop_kernel(
     X, R, W, B, Y, H, Part, Count,  # as layer_norm_kernel, then the workspace (see _coop.workspace)
-    N, D1, D2,
+    n_rows, N, D1, D2,
     sx0, sx1, sx2, sxn,
     sr0, sr1, sr2, srn,
     swn, sbn,
@@ -376,50 +378,65 @@ def layer_norm_coop_kernel(
     SLOTS: tl.constexpr,  # SPLITS rounded up to a power of two
     ALIGN: tl.constexpr,
     EARLY: tl.constexpr,  # load weight and bias before the wait (see COOP_EARLY_MAX)
+    PREFETCH: tl.constexpr,  # load the next row's chunk before waiting for this one's partials
     COOPERATIVE: tl.constexpr,  # False under the interpreter (see _coop.py)
 ):
-    # Program (row, split) holds columns [split * CHUNK, (split + 1) * CHUNK) of its row.
+    # Program (group, split) holds columns [split * CHUNK, (split + 1) * CHUNK)
+    # of rows group, group + groups, ... (a few rows: one row a group).
     N = aligned_width(N, ALIGN)
-    row = tl.program_id(0)
+    group = tl.program_id(0)
     split = tl.program_id(1)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
-    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
-    out = out_row_offsets(row, N, ALIGN)
+    groups = tl.num_programs(0)
     cols = split * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
-    x = load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL)
     if EARLY:  # the wait below hides their latency
         w, b = _load_wb(W, B, cols, N, swn, sbn)
-    # Deviations are taken from the row's first element x0, as in
-    # layer_norm_kernel: a constant row gets exactly its value as mean, y = b.
-    x0 = tl.load(x_row).to(tl.float32)
-    if HAS_RESIDUAL:
-        x0 = to_dtype(x0 + tl.load(r_row).to(tl.float32), H.dtype.element_ty).to(tl.float32)
+    # the first row ahead (dead code without PREFETCH: see _rows.load_pair_block)
+    x_next, r_next = load_raw_chunk(X, R, group, n_rows, cols, N, D1, D2, sx0, sx1, sx2, sxn,
+                                    sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL)
+    for k in range(0, tl.cdiv(n_rows - group, groups)):  # this group's k-th row
+        row = group + k * groups
+        x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+        r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
+        out = out_row_offsets(row, N, ALIGN)
+        if PREFETCH:
+            x, r = x_next, r_next
+            x_next, r_next = load_raw_chunk(X, R, row + groups, n_rows, cols, N, D1, D2,
+                                            sx0, sx1, sx2, sxn, sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL)
+        else:
+            x, r = load_pair(x_row, r_row, cols, mask, sxn, srn, HAS_RESIDUAL)
+        x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, mask, HAS_RESIDUAL)
+        # Deviations are taken from the row's first element x0, as in
+        # layer_norm_kernel: a constant row gets exactly its value as mean, y = b.
+        x0 = tl.load(x_row).to(tl.float32)
+        if HAS_RESIDUAL:
+            x0 = to_dtype(x0 + tl.load(r_row).to(tl.float32), H.dtype.element_ty).to(tl.float32)
 
-    if COOPERATIVE:
-        s_c, m2_c = _chunk_partial(x, mask, x0, split, N, CHUNK)
-        publish(Part, row, split, s_c, m2_c, SPLITS)
-        arrive_and_wait(Count, row, split, SPLITS)
-    else:  # the interpreter: this program computes every chunk's partial itself
-        for c in range(SPLITS):
-            c_cols = c * CHUNK + tl.arange(0, CHUNK)
-            c_mask = c_cols < N
-            xc = load_chunk(X, R, H, x_row, r_row, out, c_cols, c_mask, sxn, srn, HAS_RESIDUAL)
-            s_c, m2_c = _chunk_partial(xc, c_mask, x0, c, N, CHUNK)
-            publish(Part, row, c, s_c, m2_c, SPLITS)
-    # Merge (Chan et al., all chunks at once): the spread of the chunk means
-    # about the row's mean adds to the chunks' own M2.
-    sums, m2s, valid = gather(Part, row, SPLITS, SLOTS, 0.0, 0.0)
-    n_c = chunk_width(tl.arange(0, SLOTS), N, CHUNK) * 1.0
-    shift = tl.math.div_rn(tl.sum(sums, axis=0), N * 1.0)  # mean - x0
-    spread = tl.where(valid, tl.math.div_rn(sums, tl.where(valid, n_c, 1.0)) - shift, 0.0)
-    var = tl.math.div_rn(tl.sum(m2s, axis=0) + tl.sum(n_c * spread * spread, axis=0), N * 1.0)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
-    if not EARLY:  # large chunks: registers are worth more than the wait
-        w, b = _load_wb(W, B, cols, N, swn, sbn)
-    xc = tl.where(mask, x - (x0 + shift), 0.0)
-    y = xc * rstd * w.to(tl.float32) + b.to(tl.float32)
-    tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
+        slots = row_slots(group, k)
+        if COOPERATIVE:
+            s_c, m2_c = _chunk_partial(x, mask, x0, split, N, CHUNK)
+            publish(Part, slots, split, s_c, m2_c, SPLITS)
+            arrive_and_wait(Count, group, split, SPLITS)
+        else:  # the interpreter: this program computes every chunk's partial itself
+            for c in range(SPLITS):
+                c_cols = c * CHUNK + tl.arange(0, CHUNK)
+                c_mask = c_cols < N
+                xc = load_chunk(X, R, H, x_row, r_row, out, c_cols, c_mask, sxn, srn, HAS_RESIDUAL)
+                s_c, m2_c = _chunk_partial(xc, c_mask, x0, c, N, CHUNK)
+                publish(Part, slots, c, s_c, m2_c, SPLITS)
+        # Merge (Chan et al., all chunks at once): the spread of the chunk means
+        # about the row's mean adds to the chunks' own M2.
+        sums, m2s, valid = gather(Part, slots, SPLITS, SLOTS, 0.0, 0.0)
+        n_c = chunk_width(tl.arange(0, SLOTS), N, CHUNK) * 1.0
+        shift = tl.math.div_rn(tl.sum(sums, axis=0), N * 1.0)  # mean - x0
+        spread = tl.where(valid, tl.math.div_rn(sums, tl.where(valid, n_c, 1.0)) - shift, 0.0)
+        var = tl.math.div_rn(tl.sum(m2s, axis=0) + tl.sum(n_c * spread * spread, axis=0), N * 1.0)
+        rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
+        if not EARLY:  # large chunks: registers are worth more than the wait
+            w, b = _load_wb(W, B, cols, N, swn, sbn)
+        xc = tl.where(mask, x - (x0 + shift), 0.0)
+        y = xc * rstd * w.to(tl.float32) + b.to(tl.float32)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 def _layer_norm(
@@ -458,21 +475,25 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
     vectors = (weight.stride(0), bias.stride(0), float(eps))
-    coop = coop_config(layout.rows, n, x.element_size(), x.device)
-    if coop is not None:
-        return Plan(layer_norm_coop_kernel, (layout.rows, coop.splits), n, d1, d2, *sx, *sr, *vectors,
-                    scratch=workspace, HAS_RESIDUAL=residual is not None, CHUNK=coop.chunk, SPLITS=coop.splits,
-                    SLOTS=coop.slots, ALIGN=row_alignment(n, layout), EARLY=coop.chunk <= COOP_EARLY_MAX,
-                    COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps, **launch_options())
     blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
-        return Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
+        plan = Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
                     num_warps=blocks.num_warps)
-    return Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx, *sr,
-                *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
-                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), EARLY=blocks.early,
-                num_warps=blocks.num_warps)
+    else:
+        plan = Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx,
+                    *sr, *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m,
+                    BLOCK_N=blocks.block_n, BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout),
+                    EARLY=blocks.early, num_warps=blocks.num_warps)
+    many = tuning.float32_many_rows if x.element_size() == 4 else None
+    coop = coop_config(layout.rows, n, x.element_size(), x.device, many)
+    if coop is None:
+        return plan
+    return Plan(layer_norm_coop_kernel, (coop.groups or layout.rows, coop.splits), layout.rows, n, d1, d2, *sx,
+                *sr, *vectors, scratch=workspace, fallback=plan, HAS_RESIDUAL=residual is not None,
+                CHUNK=coop.chunk, SPLITS=coop.splits, SLOTS=coop.slots, ALIGN=row_alignment(n, layout),
+                EARLY=coop.chunk <= COOP_EARLY_MAX, PREFETCH=coop.prefetch, COOPERATIVE=not _rows.interpreting(),
+                num_warps=coop.num_warps, **launch_options())
 
 
 def layer_norm(

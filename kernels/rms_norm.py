@@ -31,7 +31,8 @@ Three kernels share the work:
   split over ``SPLITS`` programs of one cooperative launch (see ``_coop.py``).
   Each holds a chunk in registers and publishes its sum of squares; the
   row's sum is the sum of the partials, so every program can then write its
-  chunk of ``y``.
+  chunk of ``y``.  Many float32 rows too wide to hold whole take it as well,
+  a group of ``SPLITS`` programs looping over rows (see ``_rows.ManyRows``).
 
 Rows are addressed in place whatever the strides (see ``_rows.py``); the
 outputs are new contiguous tensors, so an output row starts at ``row * N``.
@@ -44,9 +45,20 @@ import triton
 import triton.language as tl
 
 from . import _coop, _rows
-from ._coop import arrive_and_wait, coop_config, gather, launch_options, publish, workspace
+from ._coop import (
+    arrive_and_wait,
+    coop_config,
+    gather,
+    launch_options,
+    load_raw_chunk,
+    publish,
+    row_slots,
+    workspace,
+)
 from ._launch import Plan, planned
 from ._rows import (
+    FLOAT32_WHOLE_MAX,
+    ManyRows,
     RowTuning,
     TailSplit,
     TwoBlocks,
@@ -84,10 +96,14 @@ from ._rows import (
 # float32 65536 2738.9 -> 2728.9 -> 2704.2 (again: 2735.4 -> 2728.7 -> 2701.5),
 # add_rms_norm 5186.2 -> 5185.9 -> 5199.2.
 # From 8192 rows, rows of exactly 8192 loop over two blocks of 4096 (see _rows.TwoBlocks).
+# Many float32 rows past 32768 are split over programs that keep them in registers
+# (see _rows.ManyRows): chunks of 8192 in 8 warps, two programs an SM; with a
+# residual chunks of 4096 (the wider ones did not fit two an SM), from 1024 rows.
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
                    split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768, wide_prefetch=1,
                    float32_wide_prefetch=2,
-                   two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2))
+                   two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2),
+                   float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 8192, 8, 2))
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
@@ -95,7 +111,8 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 771.5 padded to 16384); float32 rows of 16384 whole too (16384 rows: 1079.2 µs
 # whole, 1097.7 looped, 1096.9 prefetching).
 ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=TailSplit(max_tail=0),
-                             float32_whole_from=16384, two_blocks=None, float32_two_blocks=None)
+                             float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
+                             float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024))
 
 
 @triton.jit
@@ -237,7 +254,7 @@ def rms_norm_wide_kernel(
 @triton.jit
 def rms_norm_coop_kernel(
     X, R, W, Y, H, Part, Count,  # as rms_norm_kernel, then the workspace (see _coop.workspace)
-    N, D1, D2,
+    n_rows, N, D1, D2,
     sx0, sx1, sx2, sxn,
     sr0, sr1, sr2, srn,
     swn,
@@ -247,34 +264,49 @@ def rms_norm_coop_kernel(
     SPLITS: tl.constexpr,  # programs a row
     SLOTS: tl.constexpr,  # SPLITS rounded up to a power of two
     ALIGN: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the next row's chunk before waiting for this one's partials
     COOPERATIVE: tl.constexpr,  # False under the interpreter (see _coop.py)
 ):
-    # Program (row, split) holds columns [split * CHUNK, (split + 1) * CHUNK) of its row.
+    # Program (group, split) holds columns [split * CHUNK, (split + 1) * CHUNK)
+    # of rows group, group + groups, ... (a few rows: one row a group).
     N = aligned_width(N, ALIGN)
-    row = tl.program_id(0)
+    group = tl.program_id(0)
     split = tl.program_id(1)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
-    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
-    out = out_row_offsets(row, N, ALIGN)
+    groups = tl.num_programs(0)
     cols = split * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
-    x = load_chunk(X, R, H, x_row, r_row, out, cols, mask, sxn, srn, HAS_RESIDUAL)
     w = _load_w(W, cols, N, swn)  # now: the wait below hides it
+    # the first row ahead (dead code without PREFETCH: see _rows.load_pair_block)
+    x_next, r_next = load_raw_chunk(X, R, group, n_rows, cols, N, D1, D2, sx0, sx1, sx2, sxn,
+                                    sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL)
+    for k in range(0, tl.cdiv(n_rows - group, groups)):  # this group's k-th row
+        row = group + k * groups
+        x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+        r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
+        out = out_row_offsets(row, N, ALIGN)
+        if PREFETCH:
+            x, r = x_next, r_next
+            x_next, r_next = load_raw_chunk(X, R, row + groups, n_rows, cols, N, D1, D2,
+                                            sx0, sx1, sx2, sxn, sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL)
+        else:
+            x, r = load_pair(x_row, r_row, cols, mask, sxn, srn, HAS_RESIDUAL)
+        x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, mask, HAS_RESIDUAL)
 
-    # The partial is the chunk's sum of squares.
-    if COOPERATIVE:
-        publish(Part, row, split, tl.sum(x * x, axis=0), 0.0, SPLITS)
-        arrive_and_wait(Count, row, split, SPLITS)
-    else:  # the interpreter: this program computes every chunk's partial itself
-        for c in range(SPLITS):
-            c_cols = c * CHUNK + tl.arange(0, CHUNK)
-            xc = load_chunk(X, R, H, x_row, r_row, out, c_cols, c_cols < N, sxn, srn, HAS_RESIDUAL)
-            publish(Part, row, c, tl.sum(xc * xc, axis=0), 0.0, SPLITS)
-    sums, _, _ = gather(Part, row, SPLITS, SLOTS, 0.0, 0.0)
-    ms = tl.math.div_rn(tl.sum(sums, axis=0), N * 1.0)
-    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
-    y = x * rstd * w.to(tl.float32)
-    tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
+        # The partial is the chunk's sum of squares.
+        slots = row_slots(group, k)
+        if COOPERATIVE:
+            publish(Part, slots, split, tl.sum(x * x, axis=0), 0.0, SPLITS)
+            arrive_and_wait(Count, group, split, SPLITS)
+        else:  # the interpreter: this program computes every chunk's partial itself
+            for c in range(SPLITS):
+                c_cols = c * CHUNK + tl.arange(0, CHUNK)
+                xc = load_chunk(X, R, H, x_row, r_row, out, c_cols, c_cols < N, sxn, srn, HAS_RESIDUAL)
+                publish(Part, slots, c, tl.sum(xc * xc, axis=0), 0.0, SPLITS)
+        sums, _, _ = gather(Part, slots, SPLITS, SLOTS, 0.0, 0.0)
+        ms = tl.math.div_rn(tl.sum(sums, axis=0), N * 1.0)
+        rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
+        y = x * rstd * w.to(tl.float32)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=mask)
 
 
 def _rms_norm(
@@ -307,22 +339,26 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     sx = layout.strides[0]
     sr = layout.strides[1] if residual is not None else (0, 0, 0, 0)
     _, d1, d2 = layout.dims
-    coop = coop_config(layout.rows, n, x.element_size(), x.device)
-    if coop is not None:
-        return Plan(rms_norm_coop_kernel, (layout.rows, coop.splits), n, d1, d2, *sx, *sr, weight.stride(0),
-                    float(eps), scratch=workspace, HAS_RESIDUAL=residual is not None, CHUNK=coop.chunk,
-                    SPLITS=coop.splits, SLOTS=coop.slots, ALIGN=row_alignment(n, layout),
-                    COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps, **launch_options())
     blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
-        return Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
+        plan = Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
                     num_warps=blocks.num_warps)
-    return Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),
-                layout.rows, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
-                HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
-                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), EARLY=blocks.early,
-                num_warps=blocks.num_warps)
+    else:
+        plan = Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),
+                    layout.rows, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
+                    HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+                    BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), EARLY=blocks.early,
+                    num_warps=blocks.num_warps)
+    many = tuning.float32_many_rows if x.element_size() == 4 else None
+    coop = coop_config(layout.rows, n, x.element_size(), x.device, many)
+    if coop is None:
+        return plan
+    return Plan(rms_norm_coop_kernel, (coop.groups or layout.rows, coop.splits), layout.rows, n, d1, d2, *sx, *sr,
+                weight.stride(0), float(eps), scratch=workspace, fallback=plan, HAS_RESIDUAL=residual is not None,
+                CHUNK=coop.chunk, SPLITS=coop.splits, SLOTS=coop.slots, ALIGN=row_alignment(n, layout),
+                PREFETCH=coop.prefetch, COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps,
+                **launch_options())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

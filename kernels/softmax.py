@@ -316,20 +316,23 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
     layout = row_layout(x.shape, x)
     _, d1, d2 = layout.dims
     precise = x.dtype == torch.float32
-    coop = coop_config(layout.rows, n, x.element_size(), x.device)
-    if coop is not None:
-        return Plan(softmax_coop_kernel, (layout.rows, coop.splits), n, d1, d2, *layout.strides[0], float(scale),
-                    scratch=workspace, PRECISE=precise, CHUNK=coop.chunk, SPLITS=coop.splits, SLOTS=coop.slots,
-                    ALIGN=row_alignment(n, layout), COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps,
-                    **launch_options())
     blocks = row_block_config(layout.rows, n, x.element_size(), TUNING)
     if blocks.wide:
-        return Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
+        plan = Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
                     PRECISE=precise, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
                     num_warps=blocks.num_warps)
-    return Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,
-                *layout.strides[0], float(scale), PRECISE=precise, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
-                BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
+    else:
+        plan = Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,
+                    *layout.strides[0], float(scale), PRECISE=precise, BLOCK_M=blocks.block_m,
+                    BLOCK_N=blocks.block_n, BLOCK_T=blocks.block_t, ALIGN=row_alignment(n, layout),
+                    num_warps=blocks.num_warps)
+    coop = coop_config(layout.rows, n, x.element_size(), x.device)
+    if coop is None:
+        return plan
+    return Plan(softmax_coop_kernel, (layout.rows, coop.splits), n, d1, d2, *layout.strides[0], float(scale),
+                scratch=workspace, fallback=plan, PRECISE=precise, CHUNK=coop.chunk, SPLITS=coop.splits,
+                SLOTS=coop.slots, ALIGN=row_alignment(n, layout), COOPERATIVE=not _rows.interpreting(),
+                num_warps=coop.num_warps, **launch_options())
 
 
 __all__ = ["softmax", "softmax_coop_kernel", "softmax_kernel", "softmax_wide_kernel"]

@@ -112,8 +112,9 @@ SCRIPT = textwrap.dedent(
                         if "ld.global.v4.b32" not in ptx or "st.global.b16" in ptx or scalar_loads > allowed:
                             failures.append(f"{fn.__name__} {dtype} N=3000 ALIGN={consts['ALIGN']}: "
                                             f"not 16-byte vectorised ({scalar_loads} 2-byte loads)")
-    # The cooperative kernels, at the splits an H200 (132 SMs) takes for a few wide rows: they must
-    # compile for a cooperative grid, publish with a release and wait with acquire loads in a loop.
+    # The cooperative kernels, at the splits an H200 (132 SMs) takes for a few wide rows (and for many,
+    # by each op's ManyRows rule): they must compile for a cooperative grid, publish with a release
+    # and wait with acquire loads in a loop.
     from fuseaudit.kernels import _coop
 
     for module, tuning, extra in FAMILIES:
@@ -121,12 +122,15 @@ SCRIPT = textwrap.dedent(
         coop = getattr(module, name + "_coop_kernel")
         for dtype in TYPES:
             for n in (16384, 40000, 65536):
-                for rows in (1, 8, 64):
-                    c = _coop._coop_config(rows, n, dtype.itemsize, 132, _coop.knobs())
+                for rows in (1, 8, 64, 16384):
+                    many = getattr(tuning, "float32_many_rows", None) if dtype == torch.float32 else None
+                    c = _coop._coop_config(rows, n, dtype.itemsize, 132, _coop.knobs(), many)
                     if c is None:
                         continue
                     consts = dict(extra, CHUNK=c.chunk, SPLITS=c.splits, SLOTS=c.slots, ALIGN=min(n & -n, 16),
                                   COOPERATIVE=True)
+                    if "PREFETCH" in coop.arg_names:
+                        consts["PREFETCH"] = c.prefetch
                     consts.update({k: 1 for k in ("D1", "D2", "sxn", "srn", "swn", "sbn") if k in coop.arg_names})
                     if module is softmax:
                         consts["PRECISE"] = dtype == torch.float32

@@ -238,3 +238,81 @@ def test_coop_counters_wrap_and_replay(fuseaudit_device):
         graph.replay()
         torch.cuda.synchronize()
         _assert_within_policy("layer_norm", inputs, params, y)
+
+
+MANY_ROWS_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm")
+
+
+@contextlib.contextmanager
+def split_many_rows(chunk: int, per_sm: int) -> Iterator[None]:
+    """Every norm's ``float32_many_rows`` rule lowered to rows of 64 elements or more in chunks of ``chunk``."""
+    from fuseaudit.kernels import _rows, layer_norm, rms_norm
+
+    rule = _rows.ManyRows(min_n=64, chunk=chunk, warps=4, per_sm=per_sm)
+    with contextlib.ExitStack() as stack:
+        for module in (rms_norm, layer_norm):
+            for name in ("TUNING", "ADD_TUNING"):
+                tuning = getattr(module, name)
+                stack.enter_context(mock.patch.object(module, name, tuning._replace(float32_many_rows=rule)))
+        yield
+
+
+@pytest.mark.parametrize("op", MANY_ROWS_OPS)
+def test_many_rows_split(op, fuseaudit_device):
+    """Many float32 rows split over groups of programs, each group looping over every ``groups``-th row.
+
+    The rule lowered to rows of 64+ elements in chunks of 32 (16 SMs counted
+    under the interpreter, one program an SM: 4 groups of 4 programs; on an
+    H200 33 groups): 2 x 40 padded rows of 100 (a residual transposed), so a
+    group takes 20 (2 or 3 on the GPU) rows one after another: consecutive rows
+    alternate between two sets of partial slots, each program loads its
+    next row before it waits, and a group's last look-ahead is masked.
+    Against eager and float64 under the policy, ``h`` exactly.
+    """
+    import torch
+
+    spec = OPS[op]
+    layouts = {name: ("transposed" if name == "residual" else "padded") for name in spec.input_names}
+    case = Case(op=op, dtype="float32", dims={"lead": (2, 40), "N": 100}, layouts=layouts,
+                params=spec.defaults(), seed=7)
+    with split_small_rows(), split_many_rows(chunk=32, per_sm=1):
+        from fuseaudit.kernels import _coop, layer_norm, rms_norm
+
+        module = rms_norm if op.endswith("rms_norm") else layer_norm
+        blocks = _coop.coop_config(80, 100, 4, torch.device(fuseaudit_device), module.TUNING.float32_many_rows)
+        assert blocks is not None and blocks.splits == 4 and blocks.prefetch == 1
+        assert blocks.groups is not None and 80 // blocks.groups >= 2, "each group must take several rows"
+        inputs = materialize(case, fuseaudit_device)
+        assert _plan_kernel(op, inputs, case.params).endswith("_coop_kernel")
+        run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                 target=spec.reference).raise_for_failures()
+        # bfloat16 rows keep one program a row: the rule is float32's
+        half = {k: v.to(torch.bfloat16) for k, v in inputs.items()}
+        assert not _plan_kernel(op, half, case.params).endswith("_coop_kernel")
+
+
+def test_many_rows_routing():
+    """The real rules: which float32 rows split over groups, and that a group's programs fit the SMs."""
+    from fuseaudit.kernels import _coop, rms_norm
+
+    rule = rms_norm.TUNING.float32_many_rows
+    add_rule = rms_norm.ADD_TUNING.float32_many_rows
+    assert rule is not None and add_rule is not None
+
+    def cfg(rows, n, size, many=rule, sms=132):
+        return _coop._coop_config(rows, n, size, sms, _coop.knobs(), many)
+
+    assert cfg(16384, 65536, 4) == _coop.CoopBlocks(chunk=8192, splits=8, num_warps=8, groups=33, prefetch=1)
+    assert cfg(16384, 32768, 4) is None, "rows of 32768 are held whole (RowTuning.float32_whole_from)"
+    assert cfg(16384, 65536, 4, many=None) is None
+    assert cfg(8, 65536, 4, many=None) == cfg(8, 65536, 4), "a few rows keep one row a group"
+    assert cfg(16384, 65536, 4, many=add_rule) == _coop.CoopBlocks(4096, 16, 8, groups=16, prefetch=1)
+    assert cfg(128, 65536, 4, many=add_rule) is None and cfg(128, 65536, 4) is not None, \
+        "add_rms_norm splits from 1024 rows, rms_norm from 67"
+    for rows in (67, 100, 1024, 16384, 10**6):
+        for n in (32769, 40000, 65536, 100000, 262144):
+            blocks = cfg(rows, n, 4)
+            assert blocks is not None and blocks.groups is not None
+            assert blocks.groups * blocks.splits <= 132 * rule.per_sm, "a cooperative grid must be resident at once"
+            assert blocks.groups <= min(rows, _coop.MAX_ROWS)
+            assert blocks.chunk * (blocks.splits - 1) < n <= blocks.chunk * blocks.splits

@@ -216,3 +216,44 @@ def test_a_plan_switches_to_the_launcher_once(monkeypatch: pytest.MonkeyPatch) -
     for _ in range(3):
         unnamed(x, y)
     assert calls == ["kernel[grid]"] * 3 and len(built) == 1, "the launcher is looked for once, not on every call"
+
+
+def test_a_refused_cooperative_launch_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA refusing a cooperative grid (more programs than fit at once) hands the call to the plan's fallback,
+    with a warning, for good; any other error of the launch is raised, fallback or not."""
+    calls: list[str] = []
+
+    class Refused:  # stands in for a JITFunction whose cooperative grid does not fit
+        arg_names = ("X", "Y", "n")
+
+        def __init__(self, message: str) -> None:
+            self.message = message
+
+        def __getitem__(self, grid):
+            def launch(*args, **meta):
+                calls.append("coop")
+                raise RuntimeError(self.message)
+            return launch
+
+    class Plain:
+        arg_names = ("X", "Y", "n")
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: calls.append(f"plain{grid}")
+
+    monkeypatch.setattr(_launch, "ENABLED", False)  # kernel[grid] throughout: no launcher to build
+    x, y = torch.zeros(4), torch.zeros(4)
+    too_many = "Triton Error [CUDA]: too many blocks in cooperative launch"
+    plan = _launch.Plan(Refused(too_many), (33, 8), 5, fallback=_launch.Plan(Plain(), (16384,), 5))
+    with pytest.warns(RuntimeWarning, match="refused the cooperative launch"):
+        plan.launch(x, y)
+    plan.launch(x, y)
+    assert calls == ["coop", "plain(16384,)", "plain(16384,)"], "the refused grid is not tried again"
+
+    other = _launch.Plan(Refused("Triton Error [CUDA]: an illegal memory access was encountered"), (33, 8), 5,
+                         fallback=_launch.Plan(Plain(), (16384,), 5))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        other.launch(x, y)
+    alone = _launch.Plan(Refused(too_many), (33, 8), 5)
+    with pytest.raises(RuntimeError, match="cooperative"):
+        alone.launch(x, y)
