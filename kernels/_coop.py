@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._rows import ManyRows, interpreting, next_pow2, row_offsets
+from ._rows import ManyRows, add_residual, interpreting, load_pair, next_pow2, out_row_offsets, row_offsets
 
 # Rows narrower than this many bytes keep one program a row: they are done
 # in about a launch's time anyway.  H200, event time after an L2 flush
@@ -107,15 +107,14 @@ class CoopBlocks(NamedTuple):
 
     ``groups``: None for one row a group of ``splits`` programs (a few
     rows), else that many groups, each taking every ``groups``-th row (many
-    rows, see ``_rows.ManyRows``); ``prefetch``: 1 where a program loads
-    its next row before it waits for this one's partials.
+    rows, see ``_rows.ManyRows``), each program loading its next row before
+    it waits for this one's partials.
     """
 
     chunk: int
     splits: int
     num_warps: int
     groups: int | None = None
-    prefetch: int = 0
 
     @property
     def slots(self) -> int:
@@ -165,7 +164,7 @@ def _coop_config(rows: int, n: int, element_size: int, sms: int, knobs: tuple[in
         groups = min(sms * many.per_sm // splits, rows, MAX_ROWS, MAX_PROGRAMS // splits)
         if splits < 2 or groups < 1:
             return None
-        return CoopBlocks(many.chunk, splits, many.warps, groups, prefetch=1)
+        return CoopBlocks(many.chunk, splits, many.warps, groups)
     most = min(sms // rows, EPOCH, MAX_PROGRAMS // rows)  # programs a row
     chunk = max(next_pow2(triton.cdiv(n, most)), next_pow2(max(min_chunk_bytes // element_size, 1)))
     splits = triton.cdiv(n, chunk)
@@ -285,6 +284,31 @@ def load_raw_chunk(X, R, row, n_rows, cols, N, D1, D2, sx0, sx1, sx2, sxn, sr0, 
 
 
 @triton.jit
+def row_chunk(X, R, H, row, n_rows, groups, x_next, r_next, cols, N, D1, D2, sx0, sx1, sx2, sxn, sr0, sr1, sr2, srn,
+              ALIGN: tl.constexpr, HAS_RESIDUAL: tl.constexpr, AHEAD: tl.constexpr):
+    """Row ``row``'s chunk ``cols`` in float32 (``h = x + residual``, stored to ``H``, with one) and the look-ahead.
+
+    Returns ``(x, x_next, r_next, x_row, r_row, out)``: with ``AHEAD`` the
+    chunk is the one loaded ahead (``x_next``, ``r_next``), and the group's
+    next row (``row + groups``) is loaded ahead in its place; without, it is
+    loaded here.  ``x_row``, ``r_row`` point to the row's
+    inputs, ``out`` is its offset in the contiguous outputs.
+    """
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
+    out = out_row_offsets(row, N, ALIGN)
+    mask = cols < N
+    if AHEAD:
+        x, r = x_next, r_next
+        x_next, r_next = load_raw_chunk(X, R, row + groups, n_rows, cols, N, D1, D2, sx0, sx1, sx2, sxn,
+                                        sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL)
+    else:
+        x, r = load_pair(x_row, r_row, cols, mask, sxn, srn, HAS_RESIDUAL)
+    x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, mask, HAS_RESIDUAL)
+    return x, x_next, r_next, x_row, r_row, out
+
+
+@triton.jit
 def row_slots(group, k):
     """The slots of a group's ``k``-th row: consecutive rows alternate between two sets.
 
@@ -315,4 +339,4 @@ def knobs() -> tuple[int, int, int]:
 
 
 __all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "gather", "knobs",
-           "launch_options", "load_raw_chunk", "publish", "row_slots", "sm_count", "workspace"]
+           "launch_options", "load_raw_chunk", "publish", "row_chunk", "row_slots", "sm_count", "workspace"]

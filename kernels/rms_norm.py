@@ -52,6 +52,7 @@ from ._coop import (
     launch_options,
     load_raw_chunk,
     publish,
+    row_chunk,
     row_slots,
     workspace,
 )
@@ -264,7 +265,7 @@ def rms_norm_coop_kernel(
     SPLITS: tl.constexpr,  # programs a row
     SLOTS: tl.constexpr,  # SPLITS rounded up to a power of two
     ALIGN: tl.constexpr,
-    PREFETCH: tl.constexpr,  # load the next row's chunk before waiting for this one's partials
+    LOOP_ROWS: tl.constexpr,  # many rows: loop over the group's rows (see _coop.py); else one row a program
     COOPERATIVE: tl.constexpr,  # False under the interpreter (see _coop.py)
 ):
     # Program (group, split) holds columns [split * CHUNK, (split + 1) * CHUNK)
@@ -275,22 +276,23 @@ def rms_norm_coop_kernel(
     groups = tl.num_programs(0)
     cols = split * CHUNK + tl.arange(0, CHUNK)
     mask = cols < N
-    w = _load_w(W, cols, N, swn)  # now: the wait below hides it
-    # the first row ahead (dead code without PREFETCH: see _rows.load_pair_block)
+    # the first row ahead (dead code without LOOP_ROWS: see _rows.load_pair_block)
     x_next, r_next = load_raw_chunk(X, R, group, n_rows, cols, N, D1, D2, sx0, sx1, sx2, sxn,
                                     sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL)
-    for k in range(0, tl.cdiv(n_rows - group, groups)):  # this group's k-th row
-        row = group + k * groups
-        x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
-        r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
-        out = out_row_offsets(row, N, ALIGN)
-        if PREFETCH:
-            x, r = x_next, r_next
-            x_next, r_next = load_raw_chunk(X, R, row + groups, n_rows, cols, N, D1, D2,
-                                            sx0, sx1, sx2, sxn, sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL)
-        else:
-            x, r = load_pair(x_row, r_row, cols, mask, sxn, srn, HAS_RESIDUAL)
-        x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, mask, HAS_RESIDUAL)
+    # A few rows: one straight row a program, its chunk loaded before the weight.  (The
+    # change as first written ran the loop once and loaded the weight first: on the
+    # H200 the decode points ran 1.06x slower, bf16 64 x 65536 14.2 against 11.2 µs;
+    # reports/h200/bench-coop-decode-*session16.)
+    rows_here = 1  # a constant trip count of 1: the compiler drops the loop
+    if LOOP_ROWS:
+        rows_here = tl.cdiv(n_rows - group, groups)
+        w = _load_w(W, cols, N, swn)  # once, for every row of the group
+    for k in range(0, rows_here):  # this group's k-th row
+        x, x_next, r_next, x_row, r_row, out = row_chunk(
+            X, R, H, group + k * groups, n_rows, groups, x_next, r_next, cols, N, D1, D2,
+            sx0, sx1, sx2, sxn, sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL, LOOP_ROWS)
+        if not LOOP_ROWS:  # after the row, which the partial waits for; the wait below hides it
+            w = _load_w(W, cols, N, swn)
 
         # The partial is the chunk's sum of squares.
         slots = row_slots(group, k)
@@ -357,7 +359,7 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     return Plan(rms_norm_coop_kernel, (coop.groups or layout.rows, coop.splits), layout.rows, n, d1, d2, *sx, *sr,
                 weight.stride(0), float(eps), scratch=workspace, fallback=plan, HAS_RESIDUAL=residual is not None,
                 CHUNK=coop.chunk, SPLITS=coop.splits, SLOTS=coop.slots, ALIGN=row_alignment(n, layout),
-                PREFETCH=coop.prefetch, COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps,
+                LOOP_ROWS=coop.groups is not None, COOPERATIVE=not _rows.interpreting(), num_warps=coop.num_warps,
                 **launch_options())
 
 

@@ -129,8 +129,8 @@ SCRIPT = textwrap.dedent(
                         continue
                     consts = dict(extra, CHUNK=c.chunk, SPLITS=c.splits, SLOTS=c.slots, ALIGN=min(n & -n, 16),
                                   COOPERATIVE=True)
-                    if "PREFETCH" in coop.arg_names:
-                        consts["PREFETCH"] = c.prefetch
+                    if "LOOP_ROWS" in coop.arg_names:
+                        consts["LOOP_ROWS"] = c.groups is not None
                     consts.update({k: 1 for k in ("D1", "D2", "sxn", "srn", "swn", "sbn") if k in coop.arg_names})
                     if module is softmax:
                         consts["PRECISE"] = dtype == torch.float32

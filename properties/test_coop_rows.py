@@ -280,7 +280,7 @@ def test_many_rows_split(op, fuseaudit_device):
 
         module = rms_norm if op.endswith("rms_norm") else layer_norm
         blocks = _coop.coop_config(80, 100, 4, torch.device(fuseaudit_device), module.TUNING.float32_many_rows)
-        assert blocks is not None and blocks.splits == 4 and blocks.prefetch == 1
+        assert blocks is not None and blocks.splits == 4
         assert blocks.groups is not None and 80 // blocks.groups >= 2, "each group must take several rows"
         inputs = materialize(case, fuseaudit_device)
         assert _plan_kernel(op, inputs, case.params).endswith("_coop_kernel")
@@ -302,11 +302,11 @@ def test_many_rows_routing():
     def cfg(rows, n, size, many=rule, sms=132):
         return _coop._coop_config(rows, n, size, sms, _coop.knobs(), many)
 
-    assert cfg(16384, 65536, 4) == _coop.CoopBlocks(chunk=8192, splits=8, num_warps=8, groups=33, prefetch=1)
+    assert cfg(16384, 65536, 4) == _coop.CoopBlocks(chunk=8192, splits=8, num_warps=8, groups=33)
     assert cfg(16384, 32768, 4) is None, "rows of 32768 are held whole (RowTuning.float32_whole_from)"
     assert cfg(16384, 65536, 4, many=None) is None
     assert cfg(8, 65536, 4, many=None) == cfg(8, 65536, 4), "a few rows keep one row a group"
-    assert cfg(16384, 65536, 4, many=add_rule) == _coop.CoopBlocks(4096, 16, 8, groups=16, prefetch=1)
+    assert cfg(16384, 65536, 4, many=add_rule) == _coop.CoopBlocks(4096, 16, 8, groups=16)
     assert cfg(128, 65536, 4, many=add_rule) is None and cfg(128, 65536, 4) is not None, \
         "add_rms_norm splits from 1024 rows, rms_norm from 67"
     for rows in (67, 100, 1024, 16384, 10**6):
