@@ -135,7 +135,7 @@ class Plan:
             if self.fallback is None or "cooperative" not in str(e):
                 raise
             warnings.warn(f"{self!r}: CUDA refused the cooperative launch ({e}); using {self.fallback!r}",
-                          RuntimeWarning, stacklevel=4)
+                          RuntimeWarning, stacklevel=_outside_stacklevel())
             self.fallback.launch(*tensors)
             self.launch = self.fallback.launch  # its own launcher from now on
             return
@@ -152,6 +152,15 @@ class Plan:
     def __repr__(self) -> str:
         name = getattr(self.kernel, "__name__", type(self.kernel).__name__)
         return f"Plan({name}, grid={self.grid}, scalars={self.scalars}, meta={self.meta})"
+
+
+def _outside_stacklevel() -> int:
+    """``stacklevel`` for a warning from the caller's frame: the first frame outside the kernels package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = inspect.currentframe(), 0
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...],

@@ -245,8 +245,9 @@ def test_a_refused_cooperative_launch_falls_back(monkeypatch: pytest.MonkeyPatch
     x, y = torch.zeros(4), torch.zeros(4)
     too_many = "Triton Error [CUDA]: too many blocks in cooperative launch"
     plan = _launch.Plan(Refused(too_many), (33, 8), 5, fallback=_launch.Plan(Plain(), (16384,), 5))
-    with pytest.warns(RuntimeWarning, match="refused the cooperative launch"):
+    with pytest.warns(RuntimeWarning, match="refused the cooperative launch") as caught:
         plan.launch(x, y)
+    assert caught[0].filename == __file__, "the warning points at the call outside the kernels"
     plan.launch(x, y)
     assert calls == ["coop", "plain(16384,)", "plain(16384,)"], "the refused grid is not tried again"
 
