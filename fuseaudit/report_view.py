@@ -8,6 +8,7 @@ plain string here; the template escapes it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections import defaultdict
@@ -530,8 +531,58 @@ def steps(runs: list[dict[str, Any]], labels: list[str]) -> list[dict[str, Any]]
     return out
 
 
-def takeaways(head: list[dict[str, Any]], records: list[dict[str, Any]], e2e_view: dict[str, Any] | None
-              ) -> list[dict[str, str]]:
+@dataclasses.dataclass(frozen=True)
+class Goals:
+    """Speed targets the report checks every reference point against (``fuseaudit report --target-*``).
+
+    ``copy_pct``: at least this % of the measured copy bandwidth at every
+    point moving at least ``copy_min_mib`` MiB (small points are bound by
+    latency, not bandwidth); ``compile_ratio``: at least this speed-up over
+    torch.compile at every point timed against it.  None: not checked.
+    """
+
+    copy_pct: float | None = None
+    copy_min_mib: float = 256.0
+    compile_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy_pct is not None and not 0 < self.copy_pct <= 1000:
+            raise ValueError(f"the copy target is a percentage in (0, 1000], got {self.copy_pct}")
+        if not self.copy_min_mib >= 0:
+            raise ValueError(f"the copy target's minimum size must be >= 0 MiB, got {self.copy_min_mib}")
+        if self.compile_ratio is not None and not self.compile_ratio > 0:
+            raise ValueError(f"the torch.compile target is a ratio > 0, got {self.compile_ratio}")
+
+
+def targets(records: list[dict[str, Any]], goals: Goals | None) -> dict[str, Any] | None:
+    """Which reference points meet ``goals``, with the misses worst first; None where no goal is set."""
+    if goals is None or (goals.copy_pct is None and goals.compile_ratio is None):
+        return None
+    refs = [r for r in records if r["impl"] == "reference"]
+    out: dict[str, Any] = {}
+    if goals.copy_pct is not None:
+        big = [r for r in refs if number(r.get("pct_copy")) is not None
+               and (number(r.get("bytes_moved")) or 0) >= goals.copy_min_mib * 2**20]
+        out["copy"] = _goal_view(big, "pct_copy", goals.copy_pct, goal=f"{goals.copy_pct:g}% of copy",
+                                 scope=f"points moving {goals.copy_min_mib:g} MiB or more")
+    if goals.compile_ratio is not None:
+        timed = [r for r in refs if number(r.get("speedup_vs_compile")) is not None]
+        out["compile"] = _goal_view(timed, "speedup_vs_compile", goals.compile_ratio,
+                                    goal=f"{goals.compile_ratio:g}× torch.compile", scope="points timed against it")
+    return out
+
+
+def _goal_view(points: list[dict[str, Any]], key: str, least: float, *, goal: str, scope: str) -> dict[str, Any]:
+    misses = sorted((r for r in points if number(r[key]) < least), key=lambda r: number(r[key]))
+    return {"goal": goal, "scope": scope, "met": len(points) - len(misses), "total": len(points),
+            "misses": [{"op": r["op"], "point": r["point"], "dtype": r["dtype"], "us": fmt(r.get("us"), ".1f"),
+                        "mib": fmt((number(r.get("bytes_moved")) or 0) / 2**20, ".0f"),
+                        "pct_copy": fmt(r.get("pct_copy"), ".1f") + "%" if r.get("pct_copy") is not None else "–",
+                        "vs_compile": fmt(r.get("speedup_vs_compile"), ".3f")} for r in misses]}
+
+
+def takeaways(head: list[dict[str, Any]], records: list[dict[str, Any]], e2e_view: dict[str, Any] | None,
+              goals_view: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """The answers in one line each: fused? faster, over all points? by how much end to end?"""
     out = []
     counted = [r["launches"] for r in head if r["launches"]]
@@ -551,6 +602,9 @@ def takeaways(head: list[dict[str, Any]], records: list[dict[str, Any]], e2e_vie
                 parts.append(f"{fmt_x(geomean(vals))} {ref} (geometric mean; faster at {wins} of {len(vals)} points)")
         if parts:
             out.append({"label": "Faster", "cls": "", "text": "Reference kernels vs " + "; vs ".join(parts) + "."})
+    for g in (goals_view or {}).values():
+        out.append({"label": "Target", "cls": "good" if g["met"] == g["total"] else "bad",
+                    "text": f"{g['met']} of {g['total']} {g['scope']} at {g['goal']} or more."})
     if e2e_view and e2e_view["results"]:
         gains = [f"{r['variant']} {r['tpot_gain']} at batch {r['batch']}" for r in e2e_view["results"]
                  if r["variant"] != "eager" and r["tpot_gain"] != "–"]
@@ -560,8 +614,8 @@ def takeaways(head: list[dict[str, Any]], records: list[dict[str, Any]], e2e_vie
     return out
 
 
-def build(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Everything the template shows."""
+def build(runs: list[dict[str, Any]], goals: Goals | None = None) -> dict[str, Any]:
+    """Everything the template shows (``goals``: speed targets to check, see :class:`Goals`)."""
     labels = run_labels(runs)
     records, meta = bench_records(runs)
     refs = [a for r in runs for a in r["audits"] if a["kind"] == "reference"]
@@ -570,9 +624,11 @@ def build(runs: list[dict[str, Any]]) -> dict[str, Any]:
                "ops": len({a["op"] for a in refs}), "failed_ops": sorted({a["op"] for a in bad})}
     head, e2e_view = headline(runs, labels, records), e2e(runs)
     summary_rows = summary(runs, labels)
+    goals_view = targets(records, goals)
     return {
         "labels": labels, "verdict": verdict, "properties": PROPERTY_ORDER,
-        "headline": head, "takeaways": takeaways(head, records, e2e_view), "summary": summary_rows,
+        "headline": head, "takeaways": takeaways(head, records, e2e_view, goals_view), "summary": summary_rows,
+        "targets": goals_view,
         # a run spread over several GPUs (fuseaudit run --gpus N): each audit's device gets a column
         "multi_device": len({r["device"] for r in summary_rows}) > 1,
         "failures": failures(runs, labels), "tolerance": tolerance(runs, labels),

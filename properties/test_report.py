@@ -315,3 +315,40 @@ def test_audits_spread_over_gpus_show_their_device() -> None:
     view = report_view.build([spread])
     assert view["multi_device"]
     assert [r["device"] for r in view["summary"]] == [f"cuda:{i % 2}" for i in range(len(spread["audits"]))]
+
+
+def test_targets_count_every_reference_point_and_list_the_misses_worst_first() -> None:
+    mib = 2**20
+
+    def rec(op: str, mb: float, pct: float | None, vs_compile: float | None, impl: str = "reference") -> dict:
+        return {"op": op, "point": f"rows={int(mb)}", "dtype": "bfloat16", "impl": impl, "us": 10.0,
+                "bytes_moved": mb * mib, "pct_copy": pct, "speedup_vs_compile": vs_compile}
+
+    records = [rec("a", 300, 95.0, 1.1), rec("b", 300, 80.0, 0.9), rec("c", 10, 50.0, 1.2), rec("d", 500, 91.9, None),
+               rec("e", 900, 10.0, 0.1, impl="eager"), rec("f", 256, 92.0, 1.0)]
+    view = report_view.targets(records, report_view.Goals(copy_pct=92, compile_ratio=1.0))
+    assert view is not None
+    copy, compile_ = view["copy"], view["compile"]
+    assert (copy["met"], copy["total"]) == (2, 4), "a, b, d and f move 256 MiB or more; a and f meet 92%"
+    assert [m["op"] for m in copy["misses"]] == ["b", "d"], "worst first"
+    assert (compile_["met"], compile_["total"]) == (3, 4) and [m["op"] for m in compile_["misses"]] == ["b"]
+    assert report_view.targets(records, None) is None and report_view.targets(records, report_view.Goals()) is None
+    small = report_view.targets(records, report_view.Goals(copy_pct=92, copy_min_mib=0))
+    assert small is not None and small["copy"]["total"] == 5 and "compile" not in small
+    for bad in ({"copy_pct": 0}, {"copy_pct": -5}, {"compile_ratio": 0}, {"copy_min_mib": -1}):
+        with pytest.raises(ValueError):
+            report_view.Goals(**bad)
+
+
+def test_report_targets_from_the_command_line(tmp_path: Path, capsys) -> None:
+    stored = results.write(tmp_path / "results-cuda.json", synthetic_results())
+    out = tmp_path / "index.html"
+    assert cli_main(["report", "--results", str(stored), "--out", str(out),
+                     "--target-copy", "92", "--target-compile", "1"]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert "<h3>Targets</h3>" in html and "92% of copy</b>" in html and "1× torch.compile</b>" in html
+    assert html.count("<b>Target:</b>") == 2
+    assert cli_main(["report", "--results", str(stored), "--out", str(out)]) == 0
+    assert "<h3>Targets</h3>" not in out.read_text(encoding="utf-8"), "no targets given: no section"
+    assert cli_main(["report", "--results", str(stored), "--out", str(out), "--target-compile", "0"]) == 2
+    assert "torch.compile target" in capsys.readouterr().err
