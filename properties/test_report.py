@@ -325,11 +325,11 @@ def test_targets_count_every_reference_point_and_list_the_misses_worst_first() -
                 "bytes_moved": mb * mib, "pct_copy": pct, "speedup_vs_compile": vs_compile}
 
     records = [rec("a", 300, 95.0, 1.1), rec("b", 300, 80.0, 0.9), rec("c", 10, 50.0, 1.2), rec("d", 500, 91.9, None),
-               rec("e", 900, 10.0, 0.1, impl="eager"), rec("f", 256, 92.0, 1.0)]
+               rec("e", 900, 10.0, 0.1, impl="eager"), rec("f", 256, 92.0, 1.0), rec("attention", 512, 4.0, None)]
     view = report_view.targets(records, report_view.Goals(copy_pct=92, compile_ratio=1.0))
     assert view is not None
     copy, compile_ = view["copy"], view["compile"]
-    assert (copy["met"], copy["total"]) == (2, 4), "a, b, d and f move 256 MiB or more; a and f meet 92%"
+    assert (copy["met"], copy["total"]) == (2, 4), "a, b, d, f move 256 MiB or more (attention: TFLOP/s); a, f meet 92%"
     assert [m["op"] for m in copy["misses"]] == ["b", "d"], "worst first"
     assert (compile_["met"], compile_["total"]) == (3, 4) and [m["op"] for m in compile_["misses"]] == ["b"]
     assert report_view.targets(records, None) is None and report_view.targets(records, report_view.Goals()) is None
