@@ -318,6 +318,9 @@ UNEVEN_MIN = 8192
 # and bench-rows-bf16.txt).
 TAIL_MAX_BLOCK = 8192
 TAIL_MIN_ROWS = 1024
+# A split row gets 2 x element size warps, more where that would leave a
+# thread over this many elements (see _split_tail).
+SPLIT_MAX_PER_THREAD = 48
 # See RowBlocks.early: launches of at most this many rows (no more programs
 # than an H100/H200 has SMs) load the weight and bias with the row.
 EARLY_VECTOR_ROWS = 128
@@ -446,6 +449,11 @@ class RowTuning(NamedTuple):
     # 1206 vs 1373 µs at N = 32768, 536 vs 597 at 16384, 2759 vs 2945 at
     # 65536; bfloat16 rows lost with it (657 vs 599 at 32768).
     float32_wide: tuple[int, int] | None = None
+    # (min_n, BLOCK_N, warps) of the looped kernel for half-precision rows of
+    # at least min_n elements; None: half the cap in wide_warps warps.  Each
+    # op's tuning says what it measured (softmax and the residual norms: blocks
+    # of 16384 in 16 warps from 65536 columns).
+    half_long: tuple[int, int, int] | None = None
     # The looped kernel's RowBlocks.prefetch in half precision, in float32.
     wide_prefetch: int = 0
     float32_wide_prefetch: int = 0
@@ -540,6 +548,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
         if element_size == 4 and tuning.float32_wide and n >= 2 * tuning.float32_wide[0]:
             block, warps = tuning.float32_wide
             return RowBlocks(1, block, warps, True, prefetch=prefetch)
+        if element_size == 2 and tuning.half_long and n >= tuning.half_long[0]:
+            _, block, warps = tuning.half_long
+            return RowBlocks(1, block, warps, True, prefetch=prefetch)
         return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True, prefetch=prefetch)
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)
@@ -579,6 +590,15 @@ def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBl
     716.9 (softmax bf16 N = 5120: 103.4 -> 91.0).  Rows
     whose block exceeds TAIL_MAX_BLOCK elements or the cap keep the other
     rules: nothing wider was measured.
+    A thread holds at most ``SPLIT_MAX_PER_THREAD`` elements: more warps
+    where ``2 * element_size`` would leave it more.  That is the layer_norms'
+    half-precision rows of 8192 + 4096 (N = 11008: 96 elements a thread in
+    4 warps), once their full block was unmasked; H200, event time after an
+    L2 flush, 4 -> 8 warps, µs (``reports/h200/split-warps-session17.txt``):
+    layer_norm bf16 16384 x 11008 224.2 -> 183.8, 1024 x 11008 21.5 -> 19.5,
+    float16 221.0 -> 204.9, add_layer_norm 1024 x 11008 31.4 -> 28.5 (16384
+    rows: 351.6 -> 348.7); at 48 a thread (6000 in 4 warps) 8 warps tied,
+    at 40 (5120) they lost (layer_norm 85.3 -> 140.1).
     """
     rule = tuning.split_tail
     if rule is None or n <= max(rule.min_n, 1):
@@ -588,7 +608,8 @@ def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBl
     tail = next_pow2(n - full)
     if full > min(TAIL_MAX_BLOCK, cap) or tail > max_tail * full:
         return None
-    return RowBlocks(1, full, 2 * element_size, False, tail)
+    warps = max(2 * element_size, next_pow2(triton.cdiv(full + tail, 32 * SPLIT_MAX_PER_THREAD)))
+    return RowBlocks(1, full, warps, False, tail)
 
 
 # Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles

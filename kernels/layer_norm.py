@@ -127,7 +127,13 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, fused_scal
 # moves three times the bytes in pass 1.
 # So float32 rows past the cap loop here: N = 16384 1162.7 µs whole -> 1130.9 looped ->
 # 1115.8 -> 1108.7 prefetching, N = 32768 2287.8 whole -> 2286.9 -> 2253.9.
-ADD_TUNING = TUNING._replace(fused_scale_padded=True, float32_whole_from=0, wide_prefetch=1, float32_wide_prefetch=2)
+# Its half-precision rows of 65536 and more loop in blocks of 16384 in 16 warps (H200,
+# event time after an L2 flush, 8192 x 8 warps -> 16384 x 16, prefetching in pass 1: bf16
+# 16384 x 65536 2494.6 -> 2305.7 µs, float16 2505.1 -> 2293.3, bf16 1024 x 65536 167.5 ->
+# 160.1; reports/h200/split-warps-session17.txt).  Plain layer_norm's did not gain
+# (1473.9 -> 1526.5, 1024 rows 106.5 -> 106.6; norm-configs-session17.txt).
+ADD_TUNING = TUNING._replace(fused_scale_padded=True, float32_whole_from=0, wide_prefetch=1, float32_wide_prefetch=2,
+                             half_long=(65536, 16384, 16))
 
 
 # The cooperative kernel loads weight and bias before it waits for the row's
@@ -148,8 +154,12 @@ def _add_pair(a1, a2, b1, b2):
 
 @triton.jit
 def _centred(x, xt, mask, t_mask, mean, TAIL: tl.constexpr):
-    """``x - mean`` for the block and the tail (the block's again without a tail), 0 on masked lanes."""
-    xc = tl.where(mask, x - mean[:, None], 0.0)
+    """``x - mean`` for the block and the tail (the block's again without a tail), 0 on masked lanes.
+
+    With a tail the block is inside the row: no lane to zero (rows past the
+    end have ``x = mean = 0``).
+    """
+    xc = x - mean[:, None] if TAIL else tl.where(mask, x - mean[:, None], 0.0)
     xct = tl.where(t_mask, xt - mean[:, None], 0.0) if TAIL else xc
     return xc, xct
 
@@ -209,7 +219,8 @@ def layer_norm_kernel(
     # Every load of the row (block, tail, first element) is issued before h
     # is stored: one wait for memory, not two (see _rows.load_pair).
     cols = tl.arange(0, BLOCK_N)
-    mask = row_mask[:, None] & (cols < N)[None, :]
+    # With a tail, N > BLOCK_N: only the tail has columns past the end.
+    mask = row_mask[:, None] if TAIL else row_mask[:, None] & (cols < N)[None, :]
     x_ptrs, r_ptrs, h_offs = X + x_rows[:, None], R + r_rows[:, None], out_rows[:, None]
     x, r = load_pair(x_ptrs, r_ptrs, cols[None, :], mask, sxn, srn, HAS_RESIDUAL)
     xt, rt, t_cols, t_mask = x, r, cols, mask  # (stand in where there is no tail)
@@ -234,10 +245,11 @@ def layer_norm_kernel(
     # first element x0 (mean = x0 + sum(d) / N, d = x - x0): the shifted
     # terms are small on near-constant rows, and a constant row gets exactly
     # its value as mean, zero deviations, y = b.  Masked lanes must not
-    # count, so their deviations are zeroed.
+    # count, so their deviations are zeroed (a full block has none; rows past
+    # the end load x = x0 = 0).
     # (Each tail term is formed after the block's reduction, not beside it:
     # at N = 5120 that ordering kept layer_norm at 90 µs instead of 104.)
-    d = tl.where(mask, x - x0[:, None], 0.0)
+    d = x - x0[:, None] if TAIL else tl.where(mask, x - x0[:, None], 0.0)
     if ONE_PASS:  # sum(d) and sum(d^2) in one reduction (see the module docstring)
         s1, s2 = tl.reduce((d, d * d), 1, _add_pair)
         if TAIL:

@@ -111,9 +111,15 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 144.1 split); float32 rows split as for rms_norm (N=11008: 723.3 µs split,
 # 771.5 padded to 16384); float32 rows of 16384 whole too (16384 rows: 1079.2 µs
 # whole, 1097.7 looped, 1096.9 prefetching).
+# Half-precision rows of 65536 and more loop in blocks of 16384 in 16 warps (H200, event
+# time after an L2 flush, 8192 x 32 warps -> 16384 x 16, prefetching in pass 1: bf16 16384 x
+# 65536 2241.6 -> 2153.2 µs, float16 2218.6 -> 2158.8, bf16 1024 x 65536 149.6 -> 142.1;
+# reports/h200/split-warps-session17.txt); plain rms_norm's did not gain (1276.9 ->
+# 1312.5, norm-configs-session17.txt).
 ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
-                             float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024))
+                             float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
+                             half_long=(65536, 16384, 16))
 
 
 @triton.jit

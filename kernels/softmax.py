@@ -35,7 +35,10 @@ Three kernels share the work:
 
       m = max(m_c),   d = sum(d_c * exp(m_c - m))
 
-Precision of ``exp``: see :func:`_exp`.  Every output, however tiny (a row of
+Precision of ``exp``: see :func:`_exp`.  In half precision every term of a
+row's sum and every output carry a factor ``K = 2^64`` that cancels in the
+division (:func:`_exp_k`: three operations an element, subnormals kept).
+Every output, however tiny (a row of
 100k columns gives outputs near 1e-5; logits 100 below the max give 1e-44),
 keeps its relative precision rather than turning into zero.
 
@@ -77,9 +80,15 @@ from ._rows import (
 # 32768 1201.7 -> 1085.6 -> 1071.1, 65536 2737.7 -> 2595.9 -> 2562.1); half-precision
 # rows do not (bf16 11008 206.3 -> 207.1 -> 210.9, 65536 1313.8 -> 1317.7 -> 1313.4).
 # From 2048 rows, float32 rows of exactly 8192 loop over two blocks of 4096 (see _rows.TwoBlocks).
+# Half-precision rows of 65536 and more (a vocabulary's logits) loop in blocks of 16384 in
+# 16 warps (H200, event time after an L2 flush, 8192 x 8 warps -> 16384 x 16, µs: bf16
+# 16384 x 65536 1371.6 -> 1218.2, float16 1374.2 -> 1193.2, bf16 1024 x 65536 98.7 -> 88.2,
+# 4096 x 131072 753.5 -> 689.1, 1024 x 128256 199.0 -> 185.0; narrower rows lost, 16384 x
+# 32768 590.0 -> 622.2, 16384 x 40000 766.4 -> 871.7; reports/h200/softmax-wide2-session17.txt).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
-                   float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1))
+                   float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
+                   half_long=(65536, 16384, 16))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and
 # LN2_LO are ln 2 rounded to float32 and what that rounding drops.
@@ -91,6 +100,8 @@ TWO_POW_M64 = tl.constexpr(5.421010862427522e-20)  # 2^-64, exact
 U_FLOOR = tl.constexpr(-10000.0)
 # The wide kernel moves its reference max only for jumps beyond this (in logits).
 RESCALE_SLACK = tl.constexpr(8.0)
+# log2 of _exp_k's K in half precision.
+EXP_K_LOG2 = tl.constexpr(64.0)
 
 
 @triton.jit
@@ -125,14 +136,55 @@ def _exp(u, PRECISE: tl.constexpr):
 
 
 @triton.jit
-def _load_logits(X, x_rows, rows_mask, cols, N, sxn, scale):
-    """``x * scale`` for a tile of rows x cols in float32, ``-inf`` past the end of the row, and its mask."""
-    col_mask = (cols < N)[None, :]
-    mask = rows_mask[:, None] & col_mask
+def _exp_k(u, PRECISE: tl.constexpr):
+    """``K exp(u)`` for a logit ``u`` minus the row max: ``K = 2^64`` for half-precision outputs, 1 for float32.
+
+    Every term of a row's sum and every output go through here, so ``K``
+    cancels in ``y = e / sum(e)``.  In half precision it replaces
+    :func:`_exp`'s care for tiny results: ``2^(t + 64)`` is normal wherever
+    ``exp(u)`` is a float32 at all (``t = u log2 e >= -150``; below that
+    ``ex2``'s flush to zero is the right answer), and the one multiply that
+    scales it back, ``e * (1 / d)``, rounds subnormal outputs as it should.
+    ``t + 64`` is one fma (``u log2 e + 64``) whose rounding costs at most
+    ``2^-18`` in ``t``, about 3e-6 relative: a thousandth of a bfloat16 ulp
+    and a hundredth of a float16 one.  No overflow: ``u <= RESCALE_SLACK``
+    gives ``K exp(u) < 2^76``, and a row's sum stays below ``2^107`` up to
+    ``2^31`` columns.  Three operations an element instead of eight.
+    Ratios between a row's maxima (rescaling a sum) take :func:`_exp`.
+    H200, event time after an L2 flush, 16384 rows, µs, :func:`_exp` ->
+    this (``reports/h200/softmax-exp-session17.txt``): bf16 N = 5120
+    90.6 -> 83.6, 11008 205.8 -> 188.6, 14336 272.9 -> 261.1; float16
+    5120 90.8 -> 83.7, 11008 195.1 -> 187.0; 1024 x 11008 19.1 -> 17.6.
+    The looped kernel in blocks of 8192 lost instead (bf16 16384 x 65536
+    1316.6 -> 1379.0, float16 16384 x 32768 583.9 -> 599.1, 1024 x 32768
+    44.5 -> 46.1), though with this in either pass alone it did not
+    (``softmax-wide-expk-session17.txt``; 128 registers a thread either way,
+    sm_90 with Triton 3.9).
+    Rows of 65536 and more now loop in larger blocks (see ``TUNING``); at
+    32768 the loss of 1-3% is kept for one exp for every term.
+    """
+    if PRECISE:
+        return _exp(u, True)
+    return tl.exp2(u * LOG2E + EXP_K_LOG2)
+
+
+@triton.jit
+def _load_logits(X, x_rows, rows_mask, cols, N, sxn, scale, FULL: tl.constexpr):
+    """``x * scale`` for a tile of rows x cols in float32, ``-inf`` past the end of the row, and its mask.
+
+    ``FULL``: every column of ``cols`` is inside the row (the full block of a
+    row with a tail), so only the rows are masked and no lane is ``-inf``.
+    """
+    if FULL:
+        mask = rows_mask[:, None]
+    else:
+        mask = rows_mask[:, None] & (cols < N)[None, :]
     x = tl.load(X + x_rows[:, None] + cols[None, :].to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
+    if FULL:
+        return x * scale, mask
     # Scale first, then mask: -inf * scale would be +inf or NaN for scale <= 0.
     # (Rows past the end keep their zeros: no -inf - -inf = NaN in their lanes.)
-    return tl.where(col_mask, x * scale, float("-inf")), mask
+    return tl.where((cols < N)[None, :], x * scale, float("-inf")), mask
 
 
 @triton.jit
@@ -158,17 +210,17 @@ def softmax_kernel(
     # The tail is loaded with the block, before either is reduced: one wait
     # for memory, not two (a reduction is a barrier the loads do not cross).
     cols = tl.arange(0, BLOCK_N)
-    s, mask = _load_logits(X, x_rows, row_mask, cols, N, sxn, scale)
+    s, mask = _load_logits(X, x_rows, row_mask, cols, N, sxn, scale, BLOCK_T > 0)  # with a tail: N > BLOCK_N
     if BLOCK_T > 0:
         t_cols = BLOCK_N + tl.arange(0, BLOCK_T)
-        st, t_mask = _load_logits(X, x_rows, row_mask, t_cols, N, sxn, scale)
+        st, t_mask = _load_logits(X, x_rows, row_mask, t_cols, N, sxn, scale, False)
     m = tl.max(s, axis=1)
     if BLOCK_T > 0:
         m = tl.maximum(m, tl.max(st, axis=1))
-    e = _exp(s - m[:, None], PRECISE)
-    d = tl.sum(e, axis=1)  # >= 1: the max contributes exp(0)
+    e = _exp_k(s - m[:, None], PRECISE)
+    d = tl.sum(e, axis=1)  # >= K: the max contributes K exp(0)
     if BLOCK_T > 0:
-        et = _exp(st - m[:, None], PRECISE)
+        et = _exp_k(st - m[:, None], PRECISE)
         d += tl.sum(et, axis=1)
     inv_d = tl.math.div_rn(1.0, d)[:, None]
 
@@ -215,10 +267,11 @@ def softmax_wide_kernel(
         # While every logit so far is -inf, measure from 0 (exps are 0, not NaN).
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = _exp(m - m_ref, PRECISE)  # 1 unless the reference moved
-        # d = d * alpha + sum(exp(s - m')), compensated: a plain running sum
-        # over many blocks would lose about sqrt(blocks) ulps.
+        # d = d * alpha + sum(K exp(s - m')), compensated: a plain running sum
+        # over many blocks would lose about sqrt(blocks) ulps.  (alpha, a ratio
+        # of two exps, carries no K; see _exp_k.)
         d = d * alpha
-        add = tl.sum(_exp(s - m_ref, PRECISE), axis=0) - d_lost * alpha
+        add = tl.sum(_exp_k(s - m_ref, PRECISE), axis=0) - d_lost * alpha
         d_new = d + add
         d_lost = (d_new - d) - add
         d = d_new
@@ -238,7 +291,7 @@ def softmax_wide_kernel(
             x_next = load_back_block(x_row, x_row, cols - BLOCK_N, N, sxn, False)
         else:
             x = load_back_block(x_row, x_row, cols, N, sxn, False)
-        y = _exp(x.to(tl.float32) * scale - m, PRECISE) * inv_d
+        y = _exp_k(x.to(tl.float32) * scale - m, PRECISE) * inv_d
         tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
 
 
@@ -254,7 +307,7 @@ def _chunk_logits(x_row, cols, N, sxn, scale):
 def _chunk_partial(s, PRECISE: tl.constexpr):
     """A chunk's max ``m_c`` and ``d_c = sum(exp(s - m_c))`` (exps measured from 0 while the chunk is all ``-inf``)."""
     m_c = tl.max(s, axis=0)
-    return m_c, tl.sum(_exp(s - tl.where(m_c == float("-inf"), 0.0, m_c), PRECISE), axis=0)
+    return m_c, tl.sum(_exp_k(s - tl.where(m_c == float("-inf"), 0.0, m_c), PRECISE), axis=0)
 
 
 @triton.jit
@@ -292,7 +345,7 @@ def softmax_coop_kernel(
     m = tl.max(maxes, axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)  # an all -inf row: 0 / 0 = NaN, as in eager
     d = tl.sum(sums * _exp(maxes - m, PRECISE), axis=0)
-    y = _exp(s - m, PRECISE) * tl.math.div_rn(1.0, d)
+    y = _exp_k(s - m, PRECISE) * tl.math.div_rn(1.0, d)
     tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
 
 

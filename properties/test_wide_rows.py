@@ -181,6 +181,35 @@ def test_split_tail(op, lead, fuseaudit_device):
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["whole", "looped"])
+def test_softmax_tiny_outputs(wide, fuseaudit_device):
+    """Half-precision outputs far below the row's max keep their precision, subnormals included: every element
+    within one ulp of the float64 softmax rounded to the output dtype (the float32 arithmetic errs by ~1e-6, far
+    below a half-precision ulp, so only the last rounding can differ; the tolerance policy bounds a row by its
+    largest outputs and would let tiny ones flush to zero).  Logits from 0 down to -110 (bfloat16 subnormals begin
+    near -87, float16 ones near -6), a row of 5000 (4096 + 1024 whole) and its looped kernel."""
+    import torch
+    from fuseaudit.kernels import _rows, softmax
+
+    n = 5000
+    rows = 1 if _rows.interpreting() else _rows.TAIL_MIN_ROWS  # a GPU splits tails only with many rows
+    logits = torch.linspace(0.0, -110.0, n, dtype=torch.float64)
+    cap = 256 if wide else _rows.MAX_FUSED_BYTES
+    for dtype in (torch.bfloat16, torch.float16):
+        x = logits.to(dtype).expand(rows, n).contiguous().to(fuseaudit_device)
+        with mock.patch.object(_rows, "MAX_FUSED_BYTES", cap):
+            assert _rows.row_block_config(rows, n, dtype.itemsize, softmax.TUNING).wide == wide
+            y = softmax.softmax(x)[0].double().cpu()
+        want = torch.softmax(x[0].double().cpu(), -1)
+        rounded = want.to(dtype).double()
+        info = torch.finfo(dtype)
+        ulp = torch.clamp(rounded.abs(), min=info.tiny) * info.eps  # a subnormal's ulp is tiny * eps
+        assert ((rounded != 0) & (rounded.abs() < info.tiny)).any(), "the row should reach subnormals"
+        err = (y - rounded).abs() / ulp
+        worst = int(err.argmax())
+        assert err.max() <= 1.0, f"{dtype}: output {worst} is {y[worst]:.3e}, float64 gives {want[worst]:.3e}"
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["whole", "looped"])
 def test_softmax_special_values(wide, fuseaudit_device):
     """Rows with NaN, +inf, -inf, all -inf: NaN exactly where the float64 softmax has it, the rest within the policy.
 
@@ -335,7 +364,7 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     if op == "softmax":  # narrower ones in half the cap
         narrow = _rows.row_block_config(16384, 11008, 4, tuning)
         assert (narrow.block_n, narrow.num_warps) == (_rows.MAX_FUSED_BYTES // 4 // 2, tuning.wide_warps)
-        half = _rows.row_block_config(16384, 65536, 2, tuning)
+        half = _rows.row_block_config(16384, 32768, 2, tuning)
         assert (half.block_n, half.num_warps) == (_rows.MAX_FUSED_BYTES // 2 // 2, tuning.wide_warps)
     elif op == "add_rms_norm":  # fused_scale = 2 would hold these whole anyway; float32_whole_from does
         assert not _rows.row_block_config(16384, 16384, 4, tuning).wide
@@ -393,3 +422,56 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
             assert _rows.row_block_config(3, 8192, size, lowered).wide == (size in loops)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_long_half_rows(op, fuseaudit_device):
+    """Half-precision rows from ``half_long[0]`` columns on loop in its larger blocks (softmax and the residual
+    norms; the plain norms have no such rule), narrower rows and float32 keep their rules; with the rule lowered to
+    rows of 1000 (blocks of 256, the last partial) strided bfloat16 rows go through it against float64, and rows
+    one column narrower through the default blocks."""
+    import importlib
+
+    from fuseaudit.kernels import _coop, _rows
+
+    from fuseaudit.case import Case
+
+    spec = OPS[op]
+    module = importlib.import_module(spec.reference.split(":")[0])
+    attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
+    tuning = getattr(module, attr)
+    assert (tuning.half_long is not None) == (op in ("softmax", "add_rms_norm", "add_layer_norm")), "as measured"
+    if tuning.half_long is None:
+        return
+    min_n, block, warps = tuning.half_long
+    for n in (min_n, 131072, 128256):
+        blocks = _rows.row_block_config(16384, n, 2, tuning)
+        assert blocks.wide and (blocks.block_n, blocks.num_warps) == (block, warps)
+        assert blocks.prefetch == tuning.wide_prefetch
+    assert _rows.row_block_config(16384, min_n - 1, 2, tuning).block_n != block
+    assert _rows.row_block_config(16384, min_n, 4, tuning) == _rows.row_block_config(
+        16384, min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
+    lowered = tuning._replace(half_long=(1000, 256, 4))
+    with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256), mock.patch.object(module, attr, lowered), \
+            mock.patch.object(_coop, "ENABLED", False):
+        for n, expected in ((1000, 256), (999, 64)):
+            assert _rows.row_block_config(3, n, 2, lowered).block_n == expected
+            case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
+                        layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(), seed=7)
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
+
+
+def test_split_warps():
+    """A split row gets ``2 x element size`` warps, more where a thread would hold over ``SPLIT_MAX_PER_THREAD``
+    elements: the layer_norms' half-precision rows of 8192 + 4096 (N = 11008) in 8 warps, 5120 and 6000 in 4."""
+    from fuseaudit.kernels import _rows, layer_norm
+
+    for tuning in (layer_norm.TUNING, layer_norm.ADD_TUNING):
+        for n, element_size, warps in ((11008, 2, 8), (12000, 2, 8), (5120, 2, 4), (6000, 2, 4), (3000, 2, 4),
+                                       (11008, 4, 8), (5120, 4, 8)):
+            blocks = _rows.row_block_config(16384, n, element_size, tuning)
+            assert blocks.block_t and not blocks.wide, (n, element_size)
+            assert blocks.num_warps == warps, (n, element_size, blocks)
+            per_thread = (blocks.block_n + blocks.block_t) / (32 * blocks.num_warps)
+            assert per_thread <= _rows.SPLIT_MAX_PER_THREAD
