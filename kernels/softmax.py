@@ -175,16 +175,12 @@ def _load_logits(X, x_rows, rows_mask, cols, N, sxn, scale, FULL: tl.constexpr):
     ``FULL``: every column of ``cols`` is inside the row (the full block of a
     row with a tail), so only the rows are masked and no lane is ``-inf``.
     """
-    if FULL:
-        mask = rows_mask[:, None]
-    else:
-        mask = rows_mask[:, None] & (cols < N)[None, :]
+    col_mask = (cols < N)[None, :]
+    mask = rows_mask[:, None] if FULL else rows_mask[:, None] & col_mask
     x = tl.load(X + x_rows[:, None] + cols[None, :].to(tl.int64) * sxn, mask=mask, other=0.0).to(tl.float32)
-    if FULL:
-        return x * scale, mask
     # Scale first, then mask: -inf * scale would be +inf or NaN for scale <= 0.
     # (Rows past the end keep their zeros: no -inf - -inf = NaN in their lanes.)
-    return tl.where((cols < N)[None, :], x * scale, float("-inf")), mask
+    return (x * scale if FULL else tl.where(col_mask, x * scale, float("-inf"))), mask
 
 
 @triton.jit
