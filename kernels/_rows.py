@@ -454,6 +454,9 @@ class RowTuning(NamedTuple):
     # op's tuning says what it measured (softmax and the residual norms: blocks
     # of 16384 in 16 warps from 65536 columns).
     half_long: tuple[int, int, int] | None = None
+    # (max_rows, BLOCK_N, warps) replacing half_long's blocks where there are
+    # at most max_rows rows: one program a row, each alone on its SM.
+    half_long_few: tuple[int, int, int] | None = None
     # The looped kernel's RowBlocks.prefetch in half precision, in float32.
     wide_prefetch: int = 0
     float32_wide_prefetch: int = 0
@@ -550,6 +553,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
             return RowBlocks(1, block, warps, True, prefetch=prefetch)
         if element_size == 2 and tuning.half_long and n >= tuning.half_long[0]:
             _, block, warps = tuning.half_long
+            if tuning.half_long_few and rows <= tuning.half_long_few[0]:
+                _, block, warps = tuning.half_long_few
             return RowBlocks(1, block, warps, True, prefetch=prefetch)
         return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True, prefetch=prefetch)
     by_tile = max(ROW_TILE // block_n, 1)

@@ -85,10 +85,16 @@ from ._rows import (
 # 16384 x 65536 1371.6 -> 1218.2, float16 1374.2 -> 1193.2, bf16 1024 x 65536 98.7 -> 88.2,
 # 4096 x 131072 753.5 -> 689.1, 1024 x 128256 199.0 -> 185.0; narrower rows lost, 16384 x
 # 32768 590.0 -> 622.2, 16384 x 40000 766.4 -> 871.7; reports/h200/softmax-wide2-session17.txt).
+# Up to 128 such rows (one program a row, each alone on an SM of an H100/H200: a vocabulary
+# at decode, past the cooperative split) they loop in blocks of 32768 in 32 warps (16384 x
+# 16 -> 32768 x 32, µs: bf16 64 x 128256 27.0 -> 23.1, 48 x 128256 25.0 -> 21.5, 128 x
+# 128256 32.5 -> 29.9, 64 x 151936 33.4 -> 28.3, 128 x 65536 17.5 -> 16.4, float16 64 x
+# 128256 25.9 -> 22.2; at 256 rows a tie or a loss, 256 x 65536 25.9 -> 29.7;
+# softmax-vocab-session17.txt).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
-                   half_long=(65536, 16384, 16))
+                   half_long=(65536, 16384, 16), half_long_few=(128, 32768, 32))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and
 # LN2_LO are ln 2 rounded to float32 and what that rounding drops.

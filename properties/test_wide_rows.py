@@ -427,9 +427,10 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_long_half_rows(op, fuseaudit_device):
     """Half-precision rows from ``half_long[0]`` columns on loop in its larger blocks (softmax and the residual
-    norms; the plain norms have no such rule), narrower rows and float32 keep their rules; with the rule lowered to
-    rows of 1000 (blocks of 256, the last partial) strided bfloat16 rows go through it against float64, and rows
-    one column narrower through the default blocks."""
+    norms; the plain norms have no such rule), with few rows in ``half_long_few``'s (softmax), narrower rows and
+    float32 keep their rules; with the rules lowered to rows of 1000 (blocks of 256, the last partial; 512 for two
+    rows) strided bfloat16 rows go through them against float64, and rows one column narrower through the default
+    blocks."""
     import importlib
 
     from fuseaudit.kernels import _coop, _rows
@@ -444,19 +445,24 @@ def test_long_half_rows(op, fuseaudit_device):
     if tuning.half_long is None:
         return
     min_n, block, warps = tuning.half_long
+    few = tuning.half_long_few
+    assert (few is not None) == (op == "softmax"), "as measured"
     for n in (min_n, 131072, 128256):
         blocks = _rows.row_block_config(16384, n, 2, tuning)
         assert blocks.wide and (blocks.block_n, blocks.num_warps) == (block, warps)
         assert blocks.prefetch == tuning.wide_prefetch
+        if few:  # at most few[0] rows: its blocks (rows the cooperative split takes never get here)
+            assert tuple(_rows.row_block_config(few[0], n, 2, tuning))[1:3] == few[1:]
+            assert tuple(_rows.row_block_config(few[0] + 1, n, 2, tuning))[1:3] == (block, warps)
     assert _rows.row_block_config(16384, min_n - 1, 2, tuning).block_n != block
     assert _rows.row_block_config(16384, min_n, 4, tuning) == _rows.row_block_config(
         16384, min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
-    lowered = tuning._replace(half_long=(1000, 256, 4))
+    lowered = tuning._replace(half_long=(1000, 256, 4), half_long_few=few and (2, 512, 4))
     with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256), mock.patch.object(module, attr, lowered), \
             mock.patch.object(_coop, "ENABLED", False):
-        for n, expected in ((1000, 256), (999, 64)):
-            assert _rows.row_block_config(3, n, 2, lowered).block_n == expected
-            case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
+        for rows, n, expected in ((3, 1000, 256), (3, 999, 64), (2, 1000, 512 if few else 256)):
+            assert _rows.row_block_config(rows, n, 2, lowered).block_n == expected
+            case = Case(op=op, dtype="bfloat16", dims={"lead": (rows,), "N": n}, regime="normal",
                         layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(), seed=7)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
