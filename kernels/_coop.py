@@ -329,12 +329,13 @@ def chunk_width(split, N, CHUNK: tl.constexpr):
 
 # False with FUSEAUDIT_COOP=0 in the environment as the kernels are imported
 # (read once: see _launch.ENABLED): every row then keeps one program (e.g.
-# where cooperative launches are refused).  A test may set it.
+# where cooperative launches are refused).  A test may set it (through
+# _launch.retuned: kept plans are not keyed by it).
 ENABLED = os.environ.get("FUSEAUDIT_COOP", "1") not in ("", "0")
 
 
 def knobs() -> tuple[int, int, int]:
-    """The module constants a plan depends on (part of its cache key, see ``_launch.planned``)."""
+    """The module constants the split depends on (part of ``_coop_config``'s cache key)."""
     return (COOP_MIN_BYTES if ENABLED else -1), MIN_CHUNK_BYTES, MAX_CHUNK
 
 

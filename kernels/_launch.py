@@ -15,7 +15,7 @@ the leading dims, choosing the tile.  All of that depends only on the inputs'
 grid, scalar arguments, constexprs and launch options: everything but the
 tensors) and :func:`planned` keeps plans by a key of
 
-* the wrapper's own parameters (op, eps, its tuning, knobs tests change),
+* the call's own parameters (op, eps, scale, activation),
 * each input tensor's shape, strides, dtype, device and whether its data
   pointer is 16-byte aligned (what Triton specialises pointers on),
 * the current CUDA device.
@@ -25,6 +25,15 @@ specialisations (outputs are fresh contiguous allocations, always aligned),
 so a plan that has launched once calls its compiled kernel's launcher
 directly.  A new key takes the wrapper's full path (checks included) and
 Triton's normal launch, and keeps what they return.
+
+The module constants a wrapper chooses its tile by (each kernel file's
+``TUNING``, ``_rows.MAX_FUSED_BYTES``, the ``_coop`` thresholds) are read
+when a plan is built, as Triton reads its options when it compiles: they
+are not part of the key (hashing a tuning and building the longer tuple
+cost 0.3-0.5 µs of a softmax call on the H200 host,
+``reports/h200/host-variants-session18.txt``).  Change them through
+:func:`retuned`, which forgets the kept plans, or call :func:`clear_cache`
+after changing them.
 
 The direct launch is the compiled kernel's ``kernel[grid]`` runner without
 its per-call Python: the runner looks up the current device and stream
@@ -48,6 +57,17 @@ launch hook is registered (``fuseaudit.launches`` counts launches with one;
 so do Triton's profilers), each launch takes Triton's runner, hooks and
 all.
 
+Where a call's host time goes (H200 host, bf16 8 x 4096, GPU busy,
+``host-parts-session18.txt``, ``host-steps-session18.txt``): the C launch
+alone, every argument ready, 4.1 µs; ``torch.empty_like`` 1.7 (2.0 with a
+``memory_format``, hence :func:`output_like`); the key and lookup 1.1-1.5;
+``torch.softmax`` whole, 6.9.  With the key above, no lambda per call
+(``build`` takes ``args``) and :func:`output_like`, fifteen rotating rounds
+(``host-time-session18.txt``), the twelfth to seventeenth sessions' path ->
+this one at 8 rows: rms_norm 13.1 -> 12.2 µs (``F.rms_norm`` 13.0),
+layer_norm 13.9 -> 13.0 (``F.layer_norm`` 13.8), softmax 11.4 -> 10.8
+(``torch.softmax`` 8.3: a Triton launch from Python does not get there).
+
 Plans are never kept under Triton's interpreter or with
 ``FUSEAUDIT_FAST_LAUNCH=0`` in the environment as the kernels are imported
 (to rule this cache out when a result looks wrong; or set ``ENABLED``):
@@ -58,10 +78,11 @@ launch goes through ``kernel[grid]``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
@@ -69,7 +90,7 @@ import triton
 
 from ._rows import interpreting
 
-__all__ = ["Plan", "clear_cache", "planned"]
+__all__ = ["Plan", "clear_cache", "output_like", "planned", "retuned"]
 
 # A few thousand shapes per process is plenty for serving; a long randomised
 # audit would otherwise grow it without bound, so it is emptied when full.
@@ -88,8 +109,30 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 
 def clear_cache() -> None:
-    """Forget every kept plan (e.g. after changing Triton options)."""
+    """Forget every kept plan (after changing Triton options or a module constant a plan is built from)."""
     _PLANS.clear()
+
+
+@contextlib.contextmanager
+def retuned(target: Any, **values: Any) -> Iterator[None]:
+    """Set attributes of ``target`` (a kernel module's ``TUNING``, ``_rows`` or ``_coop`` constants) for the block.
+
+    Plans are built from such constants but not keyed by them, so the kept
+    plans are forgotten on entry and again on exit: the calls inside build
+    their plans from the new values, the calls after from the old.  An
+    attribute ``target`` lacks is an AttributeError (a misspelt name would
+    otherwise change nothing).
+    """
+    old = {name: getattr(target, name) for name in values}
+    clear_cache()
+    try:
+        for name, value in values.items():
+            setattr(target, name, value)
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(target, name, value)
+        clear_cache()
 
 
 class Plan:
@@ -108,7 +151,7 @@ class Plan:
     cooperative grid that does not fit (see ``_coop.py``), with a warning.
     """
 
-    __slots__ = ("fallback", "grid", "kernel", "launch", "meta", "scalars", "scratch")
+    __slots__ = ("fallback", "grid", "kernel", "launch", "meta", "row_major", "scalars", "scratch")
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], *scalars: Any,
                  scratch: Callable[[torch.device], tuple[torch.Tensor, ...]] | None = None,
@@ -119,6 +162,10 @@ class Plan:
         self.scratch = scratch
         self.fallback = fallback
         self.meta = meta
+        # Whether the first input is contiguous (set by planned, which keys
+        # plans by its strides): then ``torch.empty_like`` of it is a
+        # row-major output (see output_like).
+        self.row_major = False
         # ``plan.launch(*tensors)`` launches: through kernel[grid] until the
         # kernel is compiled, then through the compiled kernel's launcher
         # (see _launcher) where one can be built.  One attribute, so a kept
@@ -164,35 +211,54 @@ def _outside_stacklevel() -> int:
 
 
 def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...],
-            build: Callable[[], Plan | None]) -> Plan | None:
-    """The plan ``build()`` returns for these ``params`` and ``inputs``, kept by their metadata.
+            build: Callable[..., Plan | None], *args: Any) -> Plan | None:
+    """The plan ``build(*args)`` returns for these ``params`` and ``inputs``, kept by their metadata.
 
     ``build`` is the wrapper's full path: it checks the inputs (raising its
     clear errors), and returns the plan, or None where there is nothing to
     launch (an empty tensor).  ``inputs`` are every tensor argument the
-    wrapper reads (None for an absent optional one); ``params`` every other
-    value the plan depends on.  Anything that is not a tensor among
-    ``inputs`` skips the cache, so ``build`` raises its error.
+    wrapper reads (None for an absent optional one); ``params`` the call's
+    other arguments (module constants are read by ``build``, not keyed: see
+    :func:`retuned`).  Anything that is not a tensor among ``inputs`` skips
+    the cache, so ``build`` raises its error.  (``build`` takes ``args``
+    rather than closing over them: a lambda per call cost about 0.3 µs.)
     """
     if not ENABLED:
-        return build()
+        return build(*args)
     try:
-        key = (params, _current_device(), *[
-            None if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
-            for t in inputs])
+        # One flat tuple: about 0.4 µs a call less than a tuple per tensor.
+        key = [params, _current_device()]
+        for t in inputs:
+            key += (None,) if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
+        key = tuple(key)
     except (AttributeError, TypeError):  # not a tensor: let build() say what is wrong
-        return build()
+        return build(*args)
     try:
         return _PLANS[key]
     except KeyError:
         pass
     except TypeError:  # an unhashable parameter: build() says whether it is acceptable
-        return build()
-    plan = build()
+        return build(*args)
+    plan = build(*args)
+    if plan is not None:
+        plan.row_major = inputs[0].is_contiguous()
     if len(_PLANS) >= MAX_ENTRIES:
         _PLANS.clear()
     _PLANS[key] = plan
     return plan
+
+
+def output_like(x: torch.Tensor, plan: Plan | None) -> torch.Tensor:
+    """A new row-major tensor of ``x``'s shape, dtype and device: a wrapper's output (``x`` its plan's first input).
+
+    ``torch.empty_like(x)`` keeps a dense ``x``'s strides (a transposed
+    ``x`` would give a transposed output); its ``memory_format`` keyword
+    costs about 0.4 µs a call on the H200 host, so a kept plan whose first
+    input is contiguous goes without it.
+    """
+    if plan is not None and plan.row_major:
+        return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[..., None] | None:

@@ -296,7 +296,8 @@ def load_back_block(x_row, h_row, cols, N, sxn, HAS_RESIDUAL: tl.constexpr):
 # looped kernel, in blocks of half this.  On the H200 (bf16, 16384 rows) the
 # looped kernel beat whole rows in registers at N = 32768 for every op
 # (rms_norm 525 vs 587 µs, softmax 599 vs 1026 µs).  Tests lower it to reach
-# that path with small rows.
+# that path with small rows (through _launch.retuned, as for every constant
+# here a plan is built from: kept plans are not keyed by them).
 MAX_FUSED_BYTES = 32768
 # For short rows, one program takes about this many elements (several rows) ...
 ROW_TILE = 2048

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ._activations import GELU, SILU, apply_activation, gelu_code
-from ._launch import Plan, planned
+from ._launch import Plan, output_like, planned
 from ._rows import check_tensors, next_pow2, row_layout, row_offsets
 
 # About 4K elements a program: enough bytes in flight per SM on a GPU, and
@@ -66,8 +66,8 @@ def _bias_act(
     op: str, x: torch.Tensor, residual: torch.Tensor | None, bias: torch.Tensor, activation: int
 ) -> torch.Tensor:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch."""
-    plan = planned((op, activation), (x, residual, bias), lambda: _plan(op, x, residual, bias, activation))
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    plan = planned((op, activation), (x, residual, bias), _plan, op, x, residual, bias, activation)
+    y = output_like(x, plan)
     if plan is not None:
         plan.launch(x, x if residual is None else residual, bias, y)  # R is never read without a residual
     return y

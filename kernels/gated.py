@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._activations import SILU, apply_activation, gelu_code
-from ._launch import Plan, planned
+from ._launch import Plan, output_like, planned
 from ._rows import check_tensors, next_pow2, row_layout, row_offsets
 
 TILE_ELEMENTS = 4096
@@ -53,8 +53,8 @@ def gated_kernel(
 
 def _gated(op: str, gate: torch.Tensor, up: torch.Tensor, activation: int) -> torch.Tensor:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch."""
-    plan = planned((op, activation), (gate, up), lambda: _plan(op, gate, up, activation))
-    y = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    plan = planned((op, activation), (gate, up), _plan, op, gate, up, activation)
+    y = output_like(gate, plan)
     if plan is not None:
         plan.launch(gate, up, y)
     return y

@@ -38,11 +38,17 @@ Three kernels share the work:
   (``properties/test_layer_norm_one_pass.py`` builds rows on both sides of
   the switch; without it, a far-out x0 fails the tolerance policy.)
 * :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
-  (twice that with a residual, and for rows that fill a power-of-two block: see
-  ``TUNING``).
-  Pass 1 loops over column blocks; each block's mean and sum of squared
-  deviations ``M2`` are two-pass values (the block is in registers), and
-  blocks merge with Chan et al.'s parallel formula, which has no cancellation::
+  (twice that with a residual: see ``TUNING``).  Pass 1 loops over column
+  blocks.  Half-precision rows without a residual take the one pass above,
+  lane by lane: each lane sums ``d = x - k`` and ``d^2`` over the blocks and
+  one reduction ends the pass, with ``k`` the first block's mean, which lies
+  within ``sqrt(N / BLOCK_N - 1)`` standard deviations of the row's (so the
+  exact fallback, a third read of the row, only runs past ``N = 17 *
+  BLOCK_N``; each lane adds ``N / BLOCK_N`` terms before a tree of
+  ``log2(BLOCK_N)``: 21 deep at N = 65536 where the whole-row tree is 16).
+  Otherwise each block's mean and sum of squared deviations ``M2`` are
+  two-pass values (the block is in registers), and blocks merge with Chan et
+  al.'s parallel formula, which has no cancellation::
 
       n = n_a + n_b,  delta = mean_b - mean_a
       mean = mean_a + delta * n_b / n
@@ -69,7 +75,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _coop, _rows
+from . import _rows
 from ._coop import (
     arrive_and_wait,
     chunk_width,
@@ -82,7 +88,7 @@ from ._coop import (
     row_slots,
     workspace,
 )
-from ._launch import Plan, planned
+from ._launch import Plan, output_like, planned
 from ._rows import (
     RowTuning,
     TailSplit,
@@ -109,32 +115,33 @@ from ._rows import (
 # float32, event time after an L2 flush (reports/h200/norms-fp32-wide-session9.txt),
 # (4096, 8) -> (8192, 16) at N = 65536: 16384 rows layer_norm 3026 -> 3036 µs,
 # add_layer_norm 5588 -> 5494; 8 rows 34.0 -> 24.4 and 42.8 -> 30.0.
-# Half-precision rows of 32768 are held whole in 32 warps (RowTuning.fused_scale; rows
-# that would pad their block still loop): H200, bf16, 16384 rows, looped (8192, 8 warps)
-# -> whole: 697.6 -> 643.5 µs (torch.compile 646.2); padded N = 20000 whole lost (16384
-# rows 475.6 looped vs 535.1, 8 rows 10.6 vs 15.1; reports/h200/padded-rows-session11.txt).
-TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=8, fused_scale=2, fused_scale_padded=False,
-                   split_tail=TailSplit(), float32_whole_from=16384, float32_wide=(8192, 16))
+# Half-precision rows past 16384 elements loop in blocks of 8192 in 32 warps, prefetching
+# in pass 1, since that pass sums shifted values in each lane (_wide_stats_shifted) instead of
+# merging blocks with Chan's formula (three reductions a block).  H200, bf16, event time after
+# an L2 flush (reports/h200/lnw-ab-session18.txt), the eighteenth session's kernels -> this:
+# 16384 x 65536 1450.0 µs (Chan, 8192 x 8 warps) -> 1321.8, 1024 x 65536 105.3 -> 89.6,
+# 16384 x 32768 638.1 (whole, 32 warps) -> 611.8 (610.8 in 16 warps), 1024 x 32768 48.9 -> 46.1,
+# float16 16384 x 32768 619.0 -> 590.6 (16 warps); rows of 16384 and 14336 stay whole (269.9
+# and 249.5 whole, 293.0 and 271.9 at best looped).  Padded rows past 16384 looped before too
+# (16384 x 20000: 475.6 looped vs 535.1 whole; reports/h200/padded-rows-session11.txt).
+TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
+                   float32_whole_from=16384, float32_wide=(8192, 16))
 # The residual variant keeps every half-precision row up to 64 KiB whole, padded or
 # not: at N = 24000 (16384 rows) 758.2 µs whole vs 865.0 looped (but 8 rows: 15.9 vs
 # 11.1).  Its looped kernel prefetches, in pass 1 for half precision and both passes
 # for float32 (RowBlocks.prefetch; H200, 16384 rows, event time after an L2 flush,
 # 0 -> 1 -> 2 passes, reports/h200/wide-prefetch-session13.txt, row-tuning3-session13.txt):
-# N = 65536 bf16 2768.9 -> 2542.5 -> 2542.7 µs, float32 5400.6 -> 4928.7 -> 4930.3;
-# layer_norm's does not (bf16 1460.0 -> 1461.4 -> 1615.2, float32 3034.5 -> 3105.0 ->
-# 3109.8; bf16 in 8 warps: 128 -> 172 registers a thread, two programs an SM -> one;
-# 16 warps lost more, 1756.4).  add_layer_norm loses the program too (128 -> 210) but
-# moves three times the bytes in pass 1.
+# N = 65536 bf16 2768.9 -> 2542.5 -> 2542.7 µs, float32 5400.6 -> 4928.7 -> 4930.3.
 # So float32 rows past the cap loop here: N = 16384 1162.7 µs whole -> 1130.9 looped ->
 # 1115.8 -> 1108.7 prefetching, N = 32768 2287.8 whole -> 2286.9 -> 2253.9.
 # Its half-precision rows of 65536 and more loop in blocks of 16384 in 16 warps (H200,
 # event time after an L2 flush, 8192 x 8 warps -> 16384 x 16, prefetching in pass 1: bf16
 # 16384 x 65536 2494.6 -> 2305.7 µs, float16 2505.1 -> 2293.3, bf16 1024 x 65536 167.5 ->
-# 160.1; reports/h200/split-warps-session17.txt).  Plain layer_norm's did not gain
-# (1473.9 -> 1526.5, 1024 rows 106.5 -> 106.6; norm-configs-session17.txt).
-ADD_TUNING = TUNING._replace(fused_scale_padded=True, float32_whole_from=0, wide_prefetch=1, float32_wide_prefetch=2,
+# 160.1; reports/h200/split-warps-session17.txt).  Its pass 1 keeps Chan's formula: with
+# shifted sums it did not gain (16384 x 65536: 2295.1 Chan, 2295.2 shifted in 8192 x 32
+# warps, 2339.8 in 16384 x 16; 1024 rows 159.7, 156.7, 156.9; lnw-ab-session18.txt).
+ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
                              half_long=(65536, 16384, 16))
-
 
 # The cooperative kernel loads weight and bias before it waits for the row's
 # other programs when its chunk is at most this many elements.  Larger
@@ -284,33 +291,65 @@ def layer_norm_kernel(
 
 
 @triton.jit
-def layer_norm_wide_kernel(
-    X, R, W, B, Y, H,
-    N, D1, D2,
-    sx0, sx1, sx2, sxn,
-    sr0, sr1, sr2, srn,
-    swn, sbn,
-    eps,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
-):
-    # One row per program, BLOCK_N < N columns at a time.
-    row = tl.program_id(0)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
-    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
-    out = row.to(tl.int64) * N
+def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+    """Pass 1 of the looped kernel, half precision without a residual: ``(mean, var)`` from shifted sums.
 
-    # Pass 1: mean and M2 block by block, merged with Chan's formula.
-    # With a residual, h = x + residual is formed, rounded and stored here.
-    # mean and M2 are running sums over the blocks: each keeps a Kahan
-    # compensation (what its roundings added), or on a near-constant row
-    # (mean >> std) the rounding of the mean at every block would pile up.
+    Each lane keeps running sums of ``d = x - k`` and ``d^2`` over the
+    blocks, reduced once at the end, as the whole-row kernel's one pass does
+    (see the module docstring); ``k`` is the first block's mean, within
+    ``sqrt(N / BLOCK_N - 1)`` standard deviations of the row's, so up to
+    ``N = 17 * BLOCK_N`` the exact fallback below never runs.
+    """
+    # Block 0 first, whole (the row is wider than BLOCK_N): its mean is k.
+    # (Taken inside the loop under `if start == 0`, the reduction cost 12-40%
+    # of the kernel's time on the H200: lnw-final-session18.txt.)
+    offs = tl.arange(0, BLOCK_N)
+    x, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)
+    # block 1 ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
+    x_next, _ = load_pair_block(x_row, x_row, offs + BLOCK_N, N, sxn, sxn, False)
+    k = tl.math.div_rn(tl.sum(x.to(tl.float32), axis=0), BLOCK_N * 1.0)
+    s1 = x.to(tl.float32) - k
+    s2 = s1 * s1
+    for start in range(BLOCK_N, N, BLOCK_N):
+        cols = start + offs
+        if PREFETCH >= 1:
+            x = x_next
+            x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
+        else:
+            x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
+        d = tl.where(cols < N, x.to(tl.float32) - k, 0.0)
+        s1 += d
+        s2 += d * d
+    s1, s2 = tl.reduce((s1, s2), 0, _add_pair)
+    shift = tl.math.div_rn(s1, N * 1.0)  # mean - k
+    mean = k + shift
+    var = tl.maximum(tl.math.div_rn(s2, N * 1.0) - shift * shift, 0.0)
+    if shift * shift > ONE_PASS_RATIO * var:  # k far from the mean: the exact sum of squares, one more read
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + offs
+            xb = load_back_block(x_row, x_row, cols, N, sxn, False).to(tl.float32)
+            xc = tl.where(cols < N, xb - mean, 0.0)
+            acc += xc * xc
+        var = tl.math.div_rn(tl.sum(acc, axis=0), N * 1.0)
+    return mean, var
+
+
+@triton.jit
+def _wide_stats_chan(x_row, r_row, H, out, N, sxn, srn, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PREFETCH: tl.constexpr):
+    """Pass 1 of the looped kernel in float32: ``(mean, var)`` of a row, blocks merged with Chan's formula.
+
+    Each block's mean and ``M2`` are two-pass values (the block is in
+    registers).  ``mean`` and ``M2`` are running sums over the blocks: each
+    keeps a Kahan compensation (what its roundings added), or on a
+    near-constant row (mean >> std) the rounding of the mean at every block
+    would pile up.
+    """
     mean = tl.zeros([], dtype=tl.float32)
     mean_c = tl.zeros([], dtype=tl.float32)
     m2 = tl.zeros([], dtype=tl.float32)
     m2_c = tl.zeros([], dtype=tl.float32)
-    # PREFETCH: as in rms_norm_wide_kernel.
     offs = tl.arange(0, BLOCK_N)
     # the first block ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
     x_next, r_next = load_pair_block(x_row, r_row, offs, N, sxn, srn, HAS_RESIDUAL)
@@ -339,8 +378,35 @@ def layer_norm_wide_kernel(
         total = m2 + add
         m2_c = (total - m2) - add
         m2 = total
-    mean -= mean_c
-    var = tl.math.div_rn(m2 - m2_c, N * 1.0)
+    return mean - mean_c, tl.math.div_rn(m2 - m2_c, N * 1.0)
+
+
+@triton.jit
+def layer_norm_wide_kernel(
+    X, R, W, B, Y, H,
+    N, D1, D2,
+    sx0, sx1, sx2, sxn,
+    sr0, sr1, sr2, srn,
+    swn, sbn,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
+):
+    # One row per program, BLOCK_N < N columns at a time.
+    row = tl.program_id(0)
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
+    out = row.to(tl.int64) * N
+
+    # Pass 1: the row's mean and variance; with a residual, h = x + residual
+    # is formed, rounded and stored here.  Shifted sums where they were
+    # measured faster (see TUNING); with a residual pass 1 moves three times
+    # the bytes, and Chan's reductions cost nothing there.
+    if X.dtype.element_ty != tl.float32 and not HAS_RESIDUAL:
+        mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_N, PREFETCH)
+    else:
+        mean, var = _wide_stats_chan(x_row, r_row, H, out, N, sxn, srn, HAS_RESIDUAL, BLOCK_N, PREFETCH)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
 
     if HAS_RESIDUAL:
@@ -349,6 +415,7 @@ def layer_norm_wide_kernel(
     # Pass 2: normalise and store, walking the row backwards (the blocks that
     # pass 1 read last are the likeliest to be in cache still); with PREFETCH
     # the block before this one is loaded ahead as in pass 1.
+    offs = tl.arange(0, BLOCK_N)
     last = (N - 1) // BLOCK_N * BLOCK_N
     # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
     x_next = load_back_block(x_row, H + out, last + offs, N, sxn, HAS_RESIDUAL)
@@ -458,11 +525,8 @@ def _layer_norm(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch; returns ``(y, h)``."""
-    tuning = TUNING if residual is None else ADD_TUNING
-    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS, _coop.knobs(), COOP_EARLY_MAX),
-                   (x, residual, weight, bias),
-                   lambda: _plan(op, x, residual, weight, bias, eps, tuning))
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    plan = planned((op, eps), (x, residual, weight, bias), _plan, op, x, residual, weight, bias, eps)
+    y = output_like(x, plan)
     h = None if residual is None else torch.empty_like(y)
     if plan is not None:
         # Without a residual, R is never read and H never written: x and y stand in.
@@ -471,8 +535,9 @@ def _layer_norm(
 
 
 def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
-          eps: float, tuning: RowTuning) -> Plan | None:
+          eps: float) -> Plan | None:
     """Check the inputs and choose the kernel, grid and tile; None when there is nothing to launch."""
+    tuning = TUNING if residual is None else ADD_TUNING
     if residual is None:
         check_tensors(op, x=x, weight=weight, bias=bias)
     else:

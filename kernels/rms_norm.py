@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _coop, _rows
+from . import _rows
 from ._coop import (
     arrive_and_wait,
     coop_config,
@@ -56,7 +56,7 @@ from ._coop import (
     row_slots,
     workspace,
 )
-from ._launch import Plan, planned
+from ._launch import Plan, output_like, planned
 from ._rows import (
     FLOAT32_WHOLE_MAX,
     ManyRows,
@@ -321,11 +321,8 @@ def _rms_norm(
     op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plan (once per input layout, see ``_launch.py``), allocate and launch; returns ``(y, h)``."""
-    tuning = TUNING if residual is None else ADD_TUNING
-    plan = planned((op, eps, tuning, _rows.MAX_FUSED_BYTES, _rows.EARLY_VECTOR_ROWS, _coop.knobs()),
-                   (x, residual, weight),
-                   lambda: _plan(op, x, residual, weight, eps, tuning))
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    plan = planned((op, eps), (x, residual, weight), _plan, op, x, residual, weight, eps)
+    y = output_like(x, plan)
     h = None if residual is None else torch.empty_like(y)
     if plan is not None:
         # Without a residual, R is never read and H never written: x and y stand in.
@@ -333,9 +330,9 @@ def _rms_norm(
     return y, h
 
 
-def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-          tuning: RowTuning) -> Plan | None:
+def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> Plan | None:
     """Check the inputs and choose the kernel, grid and tile; None when there is nothing to launch."""
+    tuning = TUNING if residual is None else ADD_TUNING
     if residual is None:
         check_tensors(op, x=x, weight=weight)
     else:

@@ -52,9 +52,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _coop, _rows
+from . import _rows
 from ._coop import arrive_and_wait, coop_config, gather, launch_options, publish, workspace
-from ._launch import Plan, planned
+from ._launch import Plan, output_like, planned
 from ._rows import (
     RowTuning,
     TailSplit,
@@ -353,8 +353,8 @@ def softmax_coop_kernel(
 
 def softmax(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``torch.softmax(x * scale, dim=-1)`` in one launch; ``x`` is ``(..., N)``, any strides."""
-    plan = planned(("softmax", scale, TUNING, _rows.MAX_FUSED_BYTES, _coop.knobs()), (x,), lambda: _plan(x, scale))
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    plan = planned(("softmax", scale), (x,), _plan, x, scale)
+    y = output_like(x, plan)
     if plan is not None:
         plan.launch(x, y)
     return y

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from unittest import mock
 
 import pytest
 from hypothesis import assume, given, settings
@@ -33,9 +32,9 @@ SPLIT_SMS = 16
 @contextlib.contextmanager
 def split_small_rows() -> Iterator[None]:
     """Lower the cooperative path's thresholds so that CI-sized rows take it."""
-    from fuseaudit.kernels import _coop
+    from fuseaudit.kernels import _coop, _launch
 
-    with mock.patch.multiple(_coop, COOP_MIN_BYTES=16, MIN_CHUNK_BYTES=16, INTERPRETER_SMS=SPLIT_SMS):
+    with _launch.retuned(_coop, COOP_MIN_BYTES=16, MIN_CHUNK_BYTES=16, INTERPRETER_SMS=SPLIT_SMS):
         yield
 
 
@@ -66,12 +65,9 @@ def _plan_kernel(op: str, inputs: dict, params: dict) -> str:
     if op == "softmax":
         plan = softmax._plan(x, params.get("scale", 1.0))
     elif op.endswith("rms_norm"):
-        tuning = rms_norm.ADD_TUNING if op.startswith("add") else rms_norm.TUNING
-        plan = rms_norm._plan(op, x, inputs.get("residual"), inputs["weight"], params["eps"], tuning)
+        plan = rms_norm._plan(op, x, inputs.get("residual"), inputs["weight"], params["eps"])
     else:
-        tuning = layer_norm.ADD_TUNING if op.startswith("add") else layer_norm.TUNING
-        plan = layer_norm._plan(op, x, inputs.get("residual"), inputs["weight"], inputs["bias"], params["eps"],
-                                tuning)
+        plan = layer_norm._plan(op, x, inputs.get("residual"), inputs["weight"], inputs["bias"], params["eps"])
     assert plan is not None
     return plan.kernel.__name__
 
@@ -159,7 +155,7 @@ def test_coop_constant_rows_are_exact(fuseaudit_device):
 def test_coop_routing():
     """Which calls split, with the real thresholds: wide rows at decode sizes only, never past the SMs."""
     import torch
-    from fuseaudit.kernels import _coop
+    from fuseaudit.kernels import _coop, _launch
 
     def cfg(rows, n, size, sms=132):
         return _coop._coop_config(rows, n, size, sms, _coop.knobs())
@@ -182,7 +178,7 @@ def test_coop_routing():
                     assert blocks.chunk * (blocks.splits - 1) < n <= blocks.chunk * blocks.splits
                     assert blocks.chunk * size >= _coop.MIN_CHUNK_BYTES and blocks.chunk <= _coop.MAX_CHUNK
     assert _coop.coop_config(8, 65536, 4, torch.device("cpu")) == cfg(8, 65536, 4, _coop.INTERPRETER_SMS)
-    with mock.patch.object(_coop, "ENABLED", False):  # what FUSEAUDIT_COOP=0 sets
+    with _launch.retuned(_coop, ENABLED=False):  # what FUSEAUDIT_COOP=0 sets
         assert _coop.coop_config(8, 65536, 4, torch.device("cpu")) is None, "FUSEAUDIT_COOP=0 keeps one program a row"
 
 
@@ -246,14 +242,14 @@ MANY_ROWS_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm")
 @contextlib.contextmanager
 def split_many_rows(chunk: int, per_sm: int) -> Iterator[None]:
     """Every norm's ``float32_many_rows`` rule lowered to rows of 64 elements or more in chunks of ``chunk``."""
-    from fuseaudit.kernels import _rows, layer_norm, rms_norm
+    from fuseaudit.kernels import _launch, _rows, layer_norm, rms_norm
 
     rule = _rows.ManyRows(min_n=64, chunk=chunk, warps=4, per_sm=per_sm)
     with contextlib.ExitStack() as stack:
         for module in (rms_norm, layer_norm):
             for name in ("TUNING", "ADD_TUNING"):
                 tuning = getattr(module, name)
-                stack.enter_context(mock.patch.object(module, name, tuning._replace(float32_many_rows=rule)))
+                stack.enter_context(_launch.retuned(module, **{name: tuning._replace(float32_many_rows=rule)}))
         yield
 
 

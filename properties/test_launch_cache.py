@@ -258,3 +258,78 @@ def test_a_refused_cooperative_launch_falls_back(monkeypatch: pytest.MonkeyPatch
     alone = _launch.Plan(Refused(too_many), (33, 8), 5)
     with pytest.raises(RuntimeError, match="cooperative"):
         alone.launch(x, y)
+
+
+def _keep_plans(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans kept on ``device``: on a GPU as shipped; on the CPU (interpreter) forced, launched by kernel[grid]."""
+    if device == "cpu":
+        monkeypatch.setattr(_launch, "ENABLED", True)
+        monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    elif not _launch.ENABLED:
+        pytest.skip("FUSEAUDIT_FAST_LAUNCH=0: no plan is kept")
+    _launch.clear_cache()
+
+
+def test_retuned_plans_follow_the_constants(fuseaudit_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans are keyed by the call, not by the module constants they were built from: ``retuned`` sets those,
+    forgets the kept plans on entry and exit, and restores the old values even when the block raises."""
+    from fuseaudit.kernels import _rows, softmax
+
+    _keep_plans(fuseaudit_device, monkeypatch)
+    x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0)).to(fuseaudit_device)
+    want = torch.softmax(x.double(), -1)
+
+    def kernels() -> list[str]:
+        return [plan.kernel.__name__ for plan in _launch._PLANS.values() if plan is not None]
+
+    cap = _rows.MAX_FUSED_BYTES
+    for _ in range(2):
+        torch.testing.assert_close(softmax.softmax(x).double(), want)
+    assert kernels() == ["softmax_kernel"], "one plan, kept: whole rows at the shipped cap"
+    with pytest.raises(KeyboardInterrupt), _launch.retuned(_rows, MAX_FUSED_BYTES=256):
+        assert not _launch._PLANS and _rows.MAX_FUSED_BYTES == 256
+        torch.testing.assert_close(softmax.softmax(x).double(), want)
+        assert kernels() == ["softmax_wide_kernel"], "the same call under the lowered cap loops"
+        raise KeyboardInterrupt
+    assert _rows.MAX_FUSED_BYTES == cap and not _launch._PLANS, "restored and forgotten, though the block raised"
+    softmax.softmax(x)
+    assert kernels() == ["softmax_kernel"]
+    with pytest.raises(AttributeError), _launch.retuned(_rows, MAX_FUSED_BYTE=256):  # misspelt: nothing is set
+        pass
+    assert not hasattr(_rows, "MAX_FUSED_BYTE")
+    _launch.clear_cache()
+
+
+def test_no_test_patches_what_plans_are_built_from() -> None:
+    """A kept plan outlives a plain patch of a kernel module's constants (it would run the old tile on a GPU):
+    the tests change them through ``_launch.retuned`` only."""
+    import pathlib
+    import re
+
+    patch = re.compile(r"(mock\.patch(\.object|\.multiple)?|monkeypatch\.setattr)\(\s*(_rows|_coop|rms_norm|"
+                       r"layer_norm|softmax|bias_act|gated|module)\b")
+    found = [f"{path.name}:{number}" for path in sorted(pathlib.Path(__file__).parent.glob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if patch.search(line)]
+    assert not found, f"use _launch.retuned for: {found}"
+
+
+def test_outputs_are_row_major_whatever_the_input(fuseaudit_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept plan allocates its output with a plain ``empty_like`` only where the first input is contiguous: a
+    transposed (dense) input would otherwise hand the kernel, which writes rows in order, a transposed output."""
+    from fuseaudit.kernels import softmax
+
+    _keep_plans(fuseaudit_device, monkeypatch)
+    g = torch.Generator().manual_seed(1)
+
+    def t(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(fuseaudit_device)
+    layouts = {"contiguous": t(6, 40), "transposed": t(40, 6).t(), "padded rows": t(6, 48)[:, :40]}
+    for name, x in layouts.items():
+        for call in ("plan built", "plan kept"):
+            y = softmax.softmax(x)
+            assert y.is_contiguous(), f"{name}, {call}: output strides {y.stride()}"
+            torch.testing.assert_close(y.double(), torch.softmax(x.double(), -1), msg=f"{name}, {call}")
+        (plan,) = [p for key, p in _launch._PLANS.items() if key[3] == x.stride()]
+        assert plan.row_major == (name == "contiguous"), name
+    assert _launch.output_like(layouts["transposed"], None).is_contiguous(), "no plan: a row-major allocation"
+    _launch.clear_cache()

@@ -9,7 +9,6 @@ bytes: every row wider than 128 half or 64 float32 elements takes the loop.
 from __future__ import annotations
 
 import contextlib
-from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -27,10 +26,10 @@ WIDE_OPS = [OPS[name] for name in ("rms_norm", "add_rms_norm", "layer_norm", "ad
 @settings(max_examples=6)  # the interpreter runs the column loop slowly
 @given(data=st.data())
 def test_wide_path(spec, data, fuseaudit_device):
-    from fuseaudit.kernels import _rows
+    from fuseaudit.kernels import _launch, _rows
 
     case = data.draw(cases(spec), label="case")
-    with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256):
+    with _launch.retuned(_rows, MAX_FUSED_BYTES=256):
         wide = _rows.row_block_config(1, 1000, 2, _rows.RowTuning(32, 8, 8)).wide
         assert wide, "the lowered cap should select the looped path"
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
@@ -45,17 +44,17 @@ def test_wide_prefetch(spec, prefetch, fuseaudit_device):
     blocks of 64 half or 32 blocks of 32 float32 elements, the last partial), strided, against float64."""
     import importlib
 
-    from fuseaudit.kernels import _rows
+    from fuseaudit.kernels import _launch, _rows
 
     from fuseaudit.case import Case
 
     module = importlib.import_module(spec.reference.split(":")[0])
     tunings = {name: getattr(module, name) for name in ("TUNING", "ADD_TUNING") if hasattr(module, name)}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(_rows, "MAX_FUSED_BYTES", 256))
+        stack.enter_context(_launch.retuned(_rows, MAX_FUSED_BYTES=256))
         for name, tuning in tunings.items():
             patched = tuning._replace(wide_prefetch=prefetch, float32_wide_prefetch=prefetch)
-            stack.enter_context(mock.patch.object(module, name, patched))
+            stack.enter_context(_launch.retuned(module, **{name: patched}))
         for dtype, size, layout in (("bfloat16", 2, "transposed"), ("float32", 4, "padded")):
             blocks = [_rows.row_block_config(3, 1000, size, getattr(module, name)) for name in tunings]
             assert all(b.wide and b.prefetch == prefetch for b in blocks)
@@ -75,12 +74,12 @@ def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
     and outlier channels, over rows of 1000 in blocks of 64 (the cap
     lowered to 256 bytes): float32 outputs show any lost digit.
     """
-    from fuseaudit.kernels import _rows
+    from fuseaudit.kernels import _launch, _rows
 
     from fuseaudit.case import Case
 
     spec = OPS[op]
-    with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256):
+    with _launch.retuned(_rows, MAX_FUSED_BYTES=256):
         for dtype, layout, n in (("float32", "padded", 1000), ("bfloat16", "transposed", 777),
                                  ("float16", "contiguous", 130)):
             case = Case(op=op, dtype=dtype, dims={"lead": (4,), "N": n}, regime=regime,
@@ -109,23 +108,24 @@ def test_uneven_rows_loop(spec, n, fuseaudit_device):
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 def test_layer_norm_rows_past_the_cap(op, fuseaudit_device):
-    """Half-precision rows of 32768 are held whole in both layer_norms; padded ones (20000) loop in layer_norm only
-    (RowTuning.fused_scale_padded), and every such row goes through its kernel against float64."""
-    from fuseaudit.kernels import _coop, _rows, layer_norm
+    """Half-precision rows past 16384 loop in layer_norm, in blocks of 8192 in 32 warps, prefetching (its looped
+    pass 1 sums shifted values); add_layer_norm holds them whole up to 32768, padded or not.  Every such row goes
+    through its kernel against float64."""
+    from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
 
     from fuseaudit.case import Case
 
     spec = OPS[op]
     tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
-    full = _rows.row_block_config(16384, 32768, 2, tuning)
-    assert (full.block_n, full.num_warps, full.wide) == (32768, _rows.WIDE_WHOLE_ROW_WARPS, False)
-    padded = _rows.row_block_config(16384, 20000, 2, tuning)
-    assert padded.wide == (op == "layer_norm"), "a padded row past the cap loops in layer_norm, not with a residual"
-    assert _rows.row_block_config(16384, 20000, 2, tuning._replace(fused_scale_padded=True)).wide is False
     for n in (20000, 32768):
+        blocks = _rows.row_block_config(16384, n, 2, tuning)
+        if op == "layer_norm":
+            assert (blocks.block_n, blocks.num_warps, blocks.wide, blocks.prefetch) == (8192, 32, True, 1), n
+        else:
+            assert (blocks.block_n, blocks.wide) == (32768, False) and blocks.num_warps == _rows.WIDE_WHOLE_ROW_WARPS
         case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
                     layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=n)
-        with mock.patch.object(_coop, "ENABLED", False):  # three rows of 64 KiB would be split over programs
+        with _launch.retuned(_coop, ENABLED=False):  # three rows of 64 KiB would be split over programs
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
 
@@ -188,7 +188,7 @@ def test_softmax_tiny_outputs(wide, fuseaudit_device):
     largest outputs and would let tiny ones flush to zero).  Logits from 0 down to -110 (bfloat16 subnormals begin
     near -87, float16 ones near -6), a row of 5000 (4096 + 1024 whole) and its looped kernel."""
     import torch
-    from fuseaudit.kernels import _rows, softmax
+    from fuseaudit.kernels import _launch, _rows, softmax
 
     n = 5000
     rows = 1 if _rows.interpreting() else _rows.TAIL_MIN_ROWS  # a GPU splits tails only with many rows
@@ -196,7 +196,7 @@ def test_softmax_tiny_outputs(wide, fuseaudit_device):
     cap = 256 if wide else _rows.MAX_FUSED_BYTES
     for dtype in (torch.bfloat16, torch.float16):
         x = logits.to(dtype).expand(rows, n).contiguous().to(fuseaudit_device)
-        with mock.patch.object(_rows, "MAX_FUSED_BYTES", cap):
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=cap):
             assert _rows.row_block_config(rows, n, dtype.itemsize, softmax.TUNING).wide == wide
             y = softmax.softmax(x)[0].double().cpu()
         want = torch.softmax(x[0].double().cpu(), -1)
@@ -219,7 +219,7 @@ def test_softmax_special_values(wide, fuseaudit_device):
     4096 + 1024).
     """
     import torch
-    from fuseaudit.kernels import _rows, softmax
+    from fuseaudit.kernels import _launch, _rows, softmax
 
     spec = OPS["softmax"]
     inf, nan = float("inf"), float("nan")
@@ -238,7 +238,7 @@ def test_softmax_special_values(wide, fuseaudit_device):
     cap = 256 if wide else _rows.MAX_FUSED_BYTES
     for dtype in (torch.float32, torch.bfloat16):
         inputs = {"x": torch.tensor(rows, dtype=dtype, device=fuseaudit_device)}
-        with mock.patch.object(_rows, "MAX_FUSED_BYTES", cap):
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=cap):
             blocks = _rows.row_block_config(len(rows), n, dtype.itemsize, softmax.TUNING)
             assert blocks.wide == wide
             assert wide or (blocks.block_t > 0) == (dtype == torch.bfloat16), "tails split in half precision only"
@@ -279,10 +279,10 @@ def test_row_alignment_reaches_the_kernels(fuseaudit_device):
         assert row_alignment(n, row_layout(x.shape, x)) == expected, name
         w = t(n) + 1
         plans = {
-            "rms_norm": rms_norm._plan("rms_norm", x, None, w, 1e-6, rms_norm.TUNING),
-            "add_rms_norm": rms_norm._plan("add_rms_norm", x, x, w, 1e-6, rms_norm.ADD_TUNING),
-            "layer_norm": layer_norm._plan("layer_norm", x, None, w, w, 1e-5, layer_norm.TUNING),
-            "add_layer_norm": layer_norm._plan("add_layer_norm", x, x, w, w, 1e-5, layer_norm.ADD_TUNING),
+            "rms_norm": rms_norm._plan("rms_norm", x, None, w, 1e-6),
+            "add_rms_norm": rms_norm._plan("add_rms_norm", x, x, w, 1e-6),
+            "layer_norm": layer_norm._plan("layer_norm", x, None, w, w, 1e-5),
+            "add_layer_norm": layer_norm._plan("add_layer_norm", x, x, w, w, 1e-5),
             "softmax": softmax._plan(x, 1.0),
         }
         for op, plan in plans.items():
@@ -299,14 +299,14 @@ def test_vectors_early_and_late(op, early, fuseaudit_device):
     CI's sizes.  Each is run with a tail block (N = 5120 = 4096 + 1024, in
     half precision where the op splits) and on strided inputs.
     """
-    from fuseaudit.kernels import _rows, layer_norm, rms_norm
+    from fuseaudit.kernels import _launch, _rows, layer_norm, rms_norm
 
     from fuseaudit.case import Case
 
     spec = OPS[op]
     tuning = {"rms_norm": rms_norm.TUNING, "add_rms_norm": rms_norm.ADD_TUNING, "layer_norm": layer_norm.TUNING,
               "add_layer_norm": layer_norm.ADD_TUNING}[op]
-    with mock.patch.object(_rows, "EARLY_VECTOR_ROWS", 1 << 30 if early else 0):
+    with _launch.retuned(_rows, EARLY_VECTOR_ROWS=1 << 30 if early else 0):
         for n, dtype, layout in ((5120, "bfloat16", "transposed"), (1000, "float32", "padded"),
                                  (96, "float16", "offset")):
             assert _rows.row_block_config(3, n, 2, tuning).early == early
@@ -345,7 +345,7 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     (Three such rows would be split over programs, ``test_coop_rows.py``; ``_coop.ENABLED = False``, as
     ``FUSEAUDIT_COOP=0`` sets it, keeps them here.)
     """
-    from fuseaudit.kernels import _coop, _rows, layer_norm, rms_norm, softmax
+    from fuseaudit.kernels import _coop, _launch, _rows, layer_norm, rms_norm, softmax
 
     from fuseaudit.case import Case
 
@@ -379,7 +379,7 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     for n in (20000, 40000):
         case = Case(op=op, dtype="float32", dims={"lead": (3,), "N": n}, regime="normal",
                     layouts={name: "padded" for name in spec.input_names}, params=spec.defaults(), seed=3)
-        with mock.patch.object(_coop, "ENABLED", False):  # what FUSEAUDIT_COOP=0 sets
+        with _launch.retuned(_coop, ENABLED=False):  # what FUSEAUDIT_COOP=0 sets
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
 
@@ -391,7 +391,7 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
     rows of 8192 with ``min_rows`` lowered to 3, through whichever path that picks, against float64."""
     import importlib
 
-    from fuseaudit.kernels import _coop, _rows
+    from fuseaudit.kernels import _coop, _launch, _rows
 
     from fuseaudit.case import Case
 
@@ -418,7 +418,7 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
         lowered = tuning._replace(**{k: v and v._replace(min_rows=3) for k, v in
                                      (("two_blocks", tuning.two_blocks),
                                       ("float32_two_blocks", tuning.float32_two_blocks))})
-        with mock.patch.object(module, attr, lowered), mock.patch.object(_coop, "ENABLED", False):
+        with _launch.retuned(module, **{attr: lowered}), _launch.retuned(_coop, ENABLED=False):
             assert _rows.row_block_config(3, 8192, size, lowered).wide == (size in loops)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
@@ -433,7 +433,7 @@ def test_long_half_rows(op, fuseaudit_device):
     blocks."""
     import importlib
 
-    from fuseaudit.kernels import _coop, _rows
+    from fuseaudit.kernels import _coop, _launch, _rows
 
     from fuseaudit.case import Case
 
@@ -454,12 +454,12 @@ def test_long_half_rows(op, fuseaudit_device):
         if few:  # at most few[0] rows: its blocks (rows the cooperative split takes never get here)
             assert tuple(_rows.row_block_config(few[0], n, 2, tuning))[1:3] == few[1:]
             assert tuple(_rows.row_block_config(few[0] + 1, n, 2, tuning))[1:3] == (block, warps)
-    assert _rows.row_block_config(16384, min_n - 1, 2, tuning).block_n != block
+    assert tuple(_rows.row_block_config(16384, min_n - 1, 2, tuning))[1:3] != (block, warps)
     assert _rows.row_block_config(16384, min_n, 4, tuning) == _rows.row_block_config(
         16384, min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
     lowered = tuning._replace(half_long=(1000, 256, 4), half_long_few=few and (2, 512, 4))
-    with mock.patch.object(_rows, "MAX_FUSED_BYTES", 256), mock.patch.object(module, attr, lowered), \
-            mock.patch.object(_coop, "ENABLED", False):
+    with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(module, **{attr: lowered}), \
+            _launch.retuned(_coop, ENABLED=False):
         for rows, n, expected in ((3, 1000, 256), (3, 999, 64), (2, 1000, 512 if few else 256)):
             assert _rows.row_block_config(rows, n, 2, lowered).block_n == expected
             case = Case(op=op, dtype="bfloat16", dims={"lead": (rows,), "N": n}, regime="normal",
