@@ -117,13 +117,13 @@ from ._rows import (
 # add_layer_norm 5588 -> 5494; 8 rows 34.0 -> 24.4 and 42.8 -> 30.0.
 # Half-precision rows past 16384 elements loop in blocks of 8192 in 32 warps, prefetching
 # in pass 1, since that pass sums shifted values in each lane (_wide_stats_shifted) instead of
-# merging blocks with Chan's formula (three reductions a block).  H200, bf16, event time after
-# an L2 flush (reports/h200/lnw-ab-session18.txt), the eighteenth session's kernels -> this:
-# 16384 x 65536 1450.0 µs (Chan, 8192 x 8 warps) -> 1321.8, 1024 x 65536 105.3 -> 89.6,
-# 16384 x 32768 638.1 (whole, 32 warps) -> 611.8 (610.8 in 16 warps), 1024 x 32768 48.9 -> 46.1,
-# float16 16384 x 32768 619.0 -> 590.6 (16 warps); rows of 16384 and 14336 stay whole (269.9
-# and 249.5 whole, 293.0 and 271.9 at best looped).  Padded rows past 16384 looped before too
-# (16384 x 20000: 475.6 looped vs 535.1 whole; reports/h200/padded-rows-session11.txt).
+# merging blocks with Chan's formula (three reductions a block).  H200, event time after an L2
+# flush (reports/h200/lnw-final-session18.txt), the seventeenth session's rules (Chan in 8192
+# x 8 warps; rows of 32768 whole in 32 warps) -> these: bf16 16384 x 65536 1447.6 -> 1305.8 µs,
+# 1024 x 65536 105.5 -> 90.6, 128 x 65536 28.0 -> 15.8, 16384 x 32768 637.9 -> 640.4, 1024 x
+# 32768 48.8 -> 48.4, 256 x 32768 15.8 -> 14.2, 16384 x 20000 474.7 -> 483.5; fp16 16384 x
+# 65536 1390.6 -> 1348.1, 16384 x 32768 617.4 -> 601.7.  Rows of 16384 and 14336 stay whole
+# (bf16, 16384 rows: 269.9 and 249.5 whole, 293.0 and 271.9 at best looped; lnw-ab-session18.txt).
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
                    float32_whole_from=16384, float32_wide=(8192, 16))
 # The residual variant keeps every half-precision row up to 64 KiB whole, padded or
@@ -338,7 +338,7 @@ def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
 @triton.jit
 def _wide_stats_chan(x_row, r_row, H, out, N, sxn, srn, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr,
                      PREFETCH: tl.constexpr):
-    """Pass 1 of the looped kernel in float32: ``(mean, var)`` of a row, blocks merged with Chan's formula.
+    """Pass 1 of the looped kernel in float32 or with a residual: ``(mean, var)``, blocks merged with Chan's formula.
 
     Each block's mean and ``M2`` are two-pass values (the block is in
     registers).  ``mean`` and ``M2`` are running sums over the blocks: each
@@ -402,7 +402,7 @@ def layer_norm_wide_kernel(
     # Pass 1: the row's mean and variance; with a residual, h = x + residual
     # is formed, rounded and stored here.  Shifted sums where they were
     # measured faster (see TUNING); with a residual pass 1 moves three times
-    # the bytes, and Chan's reductions cost nothing there.
+    # the bytes and they measured no faster (see ADD_TUNING).
     if X.dtype.element_ty != tl.float32 and not HAS_RESIDUAL:
         mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_N, PREFETCH)
     else:
