@@ -41,39 +41,49 @@ def _test_rows(n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
+def _inputs(op: str, rows: dict[str, torch.Tensor], gen: torch.Generator, device: str,
+            dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The op's inputs: ``rows`` as x (and a small residual, so that h keeps each row's character), random vectors."""
+    x = torch.stack(list(rows.values())).to(device, dtype)
+    n = x.shape[-1]
+    inputs = {"x": x}
+    if op == "add_layer_norm":
+        residual = 0.01 * torch.randn(x.shape, generator=gen, dtype=torch.float64)
+        inputs["residual"] = residual.to(device, dtype)
+    inputs["weight"] = (1 + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(device, dtype)
+    inputs["bias"] = (0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(device, dtype)
+    return inputs
+
+
+def _assert_meets_policy(op: str, got: object, inputs: dict[str, torch.Tensor], params: dict, rows: list[str],
+                         label: str) -> None:
+    """``got`` against the eager op and float64 under the tolerance policy; a constant row gives exactly the bias."""
+    spec = OPS[op]
+    y = got if op == "layer_norm" else got[0]
+    eager = spec.run_eager(inputs, params)[0]
+    oracle = spec.run_oracle(inputs, params)[0]
+    cmp = compare("y", y, eager, oracle, dtype=inputs["x"].dtype, fallback_ulps=spec.fallback_ulps,
+                  float32_scale=spec.float32_scale(inputs, params, oracle))
+    assert cmp.passed, f"{op} {label}: {cmp.reason} (rows: {rows})"
+    if op == "layer_norm":
+        assert torch.equal(y[rows.index("constant")], inputs["bias"]), "a constant row must give exactly the bias"
+
+
 @pytest.mark.parametrize("n", WIDTHS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 def test_one_pass_rows_meet_the_policy(op: str, dtype: torch.dtype, n: int, fuseaudit_device: str) -> None:
     from fuseaudit.kernels import _launch, _rows, layer_norm
 
-    spec = OPS[op]
     gen = torch.Generator().manual_seed(n)
     rows = _test_rows(n, gen)
-    x = torch.stack(list(rows.values())).to(fuseaudit_device, dtype)
-    inputs = {"x": x}
-    if op == "add_layer_norm":  # h = x + residual: small, so h keeps each row's character
-        residual = 0.01 * torch.randn(x.shape, generator=gen, dtype=torch.float64)
-        inputs["residual"] = residual.to(fuseaudit_device, dtype)
-    inputs["weight"] = (1 + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(fuseaudit_device, dtype)
-    inputs["bias"] = (0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(fuseaudit_device, dtype)
+    inputs = _inputs(op, rows, gen, fuseaudit_device, dtype)
     params = {"eps": 1e-5}
-
     tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
     with _launch.retuned(_rows, INTERPRETER_TILE=1):
-        assert _rows.row_block_config(x.shape[0], n, x.element_size(), tuning)[0] == 1, "one row a program"
+        assert _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)[0] == 1, "one row a program"
         got = getattr(layer_norm, op)(**inputs, **params)
-    y = got if op == "layer_norm" else got[0]
-
-    eager = spec.run_eager(inputs, params)[0]
-    oracle = spec.run_oracle(inputs, params)[0]
-    cmp = compare("y", y, eager, oracle, dtype=dtype, fallback_ulps=spec.fallback_ulps,
-                  float32_scale=spec.float32_scale(inputs, params, oracle))
-    names = list(rows)
-    assert cmp.passed, f"{op} {dtype} N={n}: {cmp.reason} (rows: {names})"
-    if op == "layer_norm":
-        constant = names.index("constant")
-        assert torch.equal(y[constant], inputs["bias"]), "a constant row must normalise to exactly the bias"
+    _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}")
 
 
 def _wide_rows(n: int, block: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -81,8 +91,9 @@ def _wide_rows(n: int, block: int, gen: torch.Generator) -> dict[str, torch.Tens
     rows = _test_rows(n, gen)
     z = rows["normal"]
     far = z.clone()
-    far[:block] = 50.0  # (k - mean)^2 / var = N / block - 1 for a constant first block and a constant rest
+    far[:block] = 50.0  # (k - mean)^2 / var = 39 here: past ONE_PASS_RATIO
     rows["first block far out"] = far
+    # a constant first block and a constant rest: (k - mean)^2 / var = N / block - 1
     rows["first block far, rest constant"] = torch.cat([torch.full((block,), 7.0, dtype=torch.float64),
                                                         torch.full((n - block,), -1.0, dtype=torch.float64)])
     return rows
@@ -100,32 +111,16 @@ def test_looped_shifted_rows_meet_the_policy(op: str, dtype: torch.dtype, ratio:
 
     if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
         pytest.skip("a compiled kernel keeps the ONE_PASS_RATIO it was compiled with; add_layer_norm has no switch")
-    spec = OPS[op]
     cap = 256  # bytes: blocks of 64 half-precision elements
     block, n = cap // 2 // 2, 40 * (cap // 2 // 2)
     gen = torch.Generator().manual_seed(40)
     rows = _wide_rows(n, block, gen)
-    x = torch.stack(list(rows.values())).to(fuseaudit_device, dtype)
-    inputs = {"x": x}
-    if op == "add_layer_norm":
-        residual = 0.01 * torch.randn(x.shape, generator=gen, dtype=torch.float64)
-        inputs["residual"] = residual.to(fuseaudit_device, dtype)
-    inputs["weight"] = (1 + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(fuseaudit_device, dtype)
-    inputs["bias"] = (0.5 * torch.randn(n, generator=gen, dtype=torch.float64)).to(fuseaudit_device, dtype)
+    inputs = _inputs(op, rows, gen, fuseaudit_device, dtype)
     params = {"eps": 1e-5}
     forced = {"shipped": {}, "always exact": {"ONE_PASS_RATIO": -1.0}, "never exact": {"ONE_PASS_RATIO": 1e30}}[ratio]
-
     tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
     with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(layer_norm, **forced):
-        blocks = _rows.row_block_config(x.shape[0], n, x.element_size(), tuning)
+        blocks = _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)
         assert blocks.wide and blocks.block_n == block, blocks
         got = getattr(layer_norm, op)(**inputs, **params)
-    y = got if op == "layer_norm" else got[0]
-
-    eager = spec.run_eager(inputs, params)[0]
-    oracle = spec.run_oracle(inputs, params)[0]
-    cmp = compare("y", y, eager, oracle, dtype=dtype, fallback_ulps=spec.fallback_ulps,
-                  float32_scale=spec.float32_scale(inputs, params, oracle))
-    assert cmp.passed, f"{op} {dtype} N={n}, {ratio}: {cmp.reason} (rows: {list(rows)})"
-    if op == "layer_norm":
-        assert torch.equal(y[list(rows).index("constant")], inputs["bias"]), "a constant row gives exactly the bias"
+    _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}, {ratio}")
