@@ -415,9 +415,6 @@ class RowTuning(NamedTuple):
     # whole rows in 32 warps beat it: add_rms_norm 1034 vs 1099 µs,
     # add_layer_norm 1122 vs 1208 µs (plain rms_norm: 590 vs 526, so it loops).
     fused_scale: int = 1
-    # Whether fused_scale also holds whole the rows past MAX_FUSED_BYTES that
-    # do not fill their power-of-two block (False: those loop; see layer_norm).
-    fused_scale_padded: bool = True
     # Half-precision rows wider than UNEVEN_MIN elements and not a power of two
     # would pad to the next power of two in registers; with uneven_block > 0
     # they take the looped kernel in blocks of uneven_block, uneven_warps warps.
@@ -530,7 +527,7 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
                       interpreter: bool) -> RowBlocks:
     cap = max(max_fused_bytes // element_size, 1)
     block_n = next_pow2(n)
-    wide = block_n > cap * (tuning.fused_scale if tuning.fused_scale_padded or n == block_n else 1)
+    wide = block_n > cap * tuning.fused_scale
     if element_size == 4 and block_n > cap:  # float32 past the cap: float32_whole_from alone decides
         wide = not 0 < tuning.float32_whole_from <= block_n <= FLOAT32_WHOLE_MAX
     prefetch = tuning.float32_wide_prefetch if element_size == 4 else tuning.wide_prefetch
