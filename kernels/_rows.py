@@ -395,6 +395,25 @@ class ManyRows(NamedTuple):
     min_rows: int = 0
 
 
+class HalfShort(NamedTuple):
+    """Half-precision rows past the cap narrower than ``max_n``, ``min_rows`` or more: blocks of ``block`` in ``warps``.
+
+    The plain norms' rows from 16385 columns (each op's tuning says how far,
+    and what it measured): blocks of 8192 in 32 warps leave one program on
+    each SM, where blocks of 4096 in fewer warps fit two and pad less.  With
+    at most one row an SM (128 rows on an H200) the 32 warps a row won
+    (H200, bf16, layer_norm 1 x 20000 7.5 µs in 8192 x 32 warps, 8.4 in
+    4096 x 8; 128 rows 8.1 and 9.1; 256 rows 11.8 and 10.1;
+    ``reports/h200/uneven-decode-session19.txt``).  Rows no wider than
+    ``block`` keep the other rules.
+    """
+
+    max_n: int
+    block: int
+    warps: int
+    min_rows: int
+
+
 class RowTuning(NamedTuple):
     """How one row kernel spreads a row over threads (each kernel file declares its own).
 
@@ -424,6 +443,11 @@ class RowTuning(NamedTuple):
     # add_rms_norm were fastest whole at every width measured, so they keep 0.
     uneven_block: int = 0
     uneven_warps: int = 0
+    # (BLOCK_N, warps) for those uneven rows that this larger block pads to
+    # no more columns than uneven_block does (softmax: 8192 in 8 warps for
+    # rows of 12289 to 16383, e.g. 14336, two blocks rather than four);
+    # None: uneven_block for all of them.  Each op's tuning says what it measured.
+    uneven_large: tuple[int, int] | None = None
     # Rows that are not a power of two may be held whole as a power-of-two
     # block plus a smaller tail block (see RowBlocks, TailSplit); None: never.
     split_tail: TailSplit | None = None
@@ -447,6 +471,9 @@ class RowTuning(NamedTuple):
     # 1206 vs 1373 µs at N = 32768, 536 vs 597 at 16384, 2759 vs 2945 at
     # 65536; bfloat16 rows lost with it (657 vs 599 at 32768).
     float32_wide: tuple[int, int] | None = None
+    # Half-precision rows past the cap that loop in smaller blocks (see
+    # HalfShort); None: half the cap in wide_warps warps.
+    half_short: HalfShort | None = None
     # (min_n, BLOCK_N, warps) of the looped kernel for half-precision rows of
     # at least min_n elements; None: half the cap in wide_warps warps.  Each
     # op's tuning says what it measured (softmax and the residual norms: blocks
@@ -535,7 +562,10 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     if two is not None and rows >= two.min_rows and n == 2 * two.block:
         return RowBlocks(1, two.block, two.warps, True, prefetch=two.prefetch)
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
-        return RowBlocks(1, tuning.uneven_block, tuning.uneven_warps, True, prefetch=prefetch)
+        block, warps = tuning.uneven_block, tuning.uneven_warps
+        if tuning.uneven_large and _padded(n, tuning.uneven_large[0]) <= _padded(n, block):
+            block, warps = tuning.uneven_large
+        return RowBlocks(1, block, warps, True, prefetch=prefetch)
     # A split may keep whole a row that "wide" would loop over.  It pays when
     # many rows are in flight; a few rows want many threads each instead.
     # (The interpreter splits whatever the rows, so CPU tests run the tails.)
@@ -549,6 +579,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
         if element_size == 4 and tuning.float32_wide and n >= 2 * tuning.float32_wide[0]:
             block, warps = tuning.float32_wide
             return RowBlocks(1, block, warps, True, prefetch=prefetch)
+        short = tuning.half_short
+        if element_size == 2 and short and rows >= short.min_rows and short.block < n < short.max_n:
+            return RowBlocks(1, short.block, short.warps, True, prefetch=prefetch)
         if element_size == 2 and tuning.half_long and n >= tuning.half_long[0]:
             _, block, warps = tuning.half_long
             if tuning.half_long_few and rows <= tuning.half_long_few[0]:
@@ -564,6 +597,11 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     max_warps = tuning.max_warps if block_n * element_size <= max_fused_bytes else WIDE_WHOLE_ROW_WARPS
     num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), max_warps)
     return RowBlocks(block_m, block_n, num_warps, False)
+
+
+def _padded(n: int, block: int) -> int:
+    """Columns a row of ``n`` takes in whole blocks of ``block``."""
+    return -(-n // block) * block
 
 
 def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBlocks | None:

@@ -59,6 +59,7 @@ from ._coop import (
 from ._launch import Plan, output_like, planned
 from ._rows import (
     FLOAT32_WHOLE_MAX,
+    HalfShort,
     ManyRows,
     RowTuning,
     TailSplit,
@@ -100,7 +101,16 @@ from ._rows import (
 # Many float32 rows past 32768 are split over programs that keep them in registers
 # (see _rows.ManyRows): chunks of 8192 in 8 warps, two programs an SM; with a
 # residual chunks of 4096 (the wider ones did not fit two an SM), from 1024 rows.
+# Half-precision rows of 16385 to 20480 (which blocks of 4096 pad less than blocks of 8192) loop
+# in blocks of 4096 in 16 warps, as uneven rows below the cap do (RowTuning.half_short; H200,
+# event time after an L2 flush, 8192 x 32 warps -> 4096 x 16, µs, uneven-blocks-session19.txt,
+# uneven-rules-session19.txt): bf16 16384 x 20000 374.1 -> 320.3, fp16 363.8 -> 319.6, 16384 x
+# 17000 786.7 -> 650.5, 1024 x 20000 30.4 -> 27.2 (256 x 20000 9.1 -> 9.2); where both pad
+# alike they tied or lost (16384 x 24000 399.2 -> 395.7, fp16 393.5 -> 403.2; 30000 484.2 ->
+# 551.2), and wider rows lost (40000: 647.4 -> 777.6, 50000: 876.2 -> 1043.9), as did 128 rows
+# and fewer (1 x 20000 6.1 -> 6.7, 128 x 20000 6.9 -> 7.7; uneven-decode-session19.txt).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
+                   half_short=HalfShort(20481, 4096, 16, min_rows=256),
                    split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768, wide_prefetch=1,
                    float32_wide_prefetch=2,
                    two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2),
@@ -116,7 +126,8 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 65536 2241.6 -> 2153.2 µs, float16 2218.6 -> 2158.8, bf16 1024 x 65536 149.6 -> 142.1;
 # reports/h200/split-warps-session17.txt); plain rms_norm's did not gain (1276.9 ->
 # 1312.5, norm-configs-session17.txt).
-ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, split_tail=TailSplit(max_tail=0),
+ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, half_short=None,
+                             split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
                              half_long=(65536, 16384, 16))

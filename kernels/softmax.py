@@ -91,7 +91,16 @@ from ._rows import (
 # 128256 32.5 -> 29.9, 64 x 151936 33.4 -> 28.3, 128 x 65536 17.5 -> 16.4, float16 64 x
 # 128256 25.9 -> 22.2; at 256 rows a tie or a loss, 256 x 65536 25.9 -> 29.7;
 # softmax-vocab-session17.txt).
+# Uneven rows that blocks of 8192 pad no more than blocks of 4096 (12289 to 16383 columns) loop in
+# two blocks of 8192 in 8 warps (RowTuning.uneven_large; H200, event time after an L2 flush, 4096 x
+# 4 warps -> 8192 x 8, µs, uneven-blocks-session19.txt, uneven-rules-session19.txt): bf16 16384 x
+# 14336 261.3 -> 244.4, 4096 x 14336 71.5 -> 66.3, 256 x 14336 9.6 -> 8.8, 16384 x 16000 293.9
+# -> 258.1, fp16 16384 x 14336 255.6 -> 243.3; 12800 tied (16384 rows 235.6 -> 236.8, 1024
+# 21.6 -> 21.7), 1024 x 14336 lost 2-3% (bf16 22.4 -> 22.9, fp16 22.0 -> 22.6), and decode rows
+# won (1 x 14336 7.5 -> 6.4, 64 x 14336 7.8 -> 6.7; uneven-decode-session19.txt); at 11008
+# (12288 columns in blocks of 4096, 16384 in 8192) 8192 lost, 188.4 -> 229.3.
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
+                   uneven_large=(8192, 8),
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
                    half_long=(65536, 16384, 16), half_long_few=(128, 32768, 32))

@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent(
     ]
     POINTERS = ("X", "R", "W", "B", "Y", "H")
     WORKSPACE = {"Part": "*fp32", "Count": "*i32"}  # the cooperative kernels' (kernels/_coop.py)
-    WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 8192, 11008, 16384, 40000, 65536)
+    WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 8192, 11008, 14336, 16384, 20000, 40000, 65536)
     ROWS = (8, 16384)
 
     def signature(fn, dtype, constexprs):

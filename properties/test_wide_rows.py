@@ -91,14 +91,18 @@ def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
 @pytest.mark.parametrize("spec", [OPS["rms_norm"], OPS["softmax"]], ids=["rms_norm", "softmax"])
 @pytest.mark.parametrize("n", [11008, 14336])
 def test_uneven_rows_loop(spec, n, fuseaudit_device):
-    """Half-precision rows wider than 8192 and not a power of two take the looped kernel (RowTuning.uneven_block)."""
+    """Half-precision rows wider than 8192 and not a power of two take the looped kernel (RowTuning.uneven_block),
+    softmax's in blocks of 8192 where those pad the row no more than blocks of 4096 (RowTuning.uneven_large: 14336
+    in two blocks, 11008 in three of 4096)."""
     from fuseaudit.kernels import _rows, rms_norm, softmax
 
     from fuseaudit.case import Case
 
     tuning = {"rms_norm": rms_norm.TUNING, "softmax": softmax.TUNING}[spec.name]
+    measured = {("rms_norm", 11008): (4096, 16), ("rms_norm", 14336): (4096, 16),
+                ("softmax", 11008): (4096, 4), ("softmax", 14336): (8192, 8)}
     blocks = _rows.row_block_config(3, n, 2, tuning)
-    assert (blocks.block_n, blocks.num_warps, blocks.wide) == (tuning.uneven_block, tuning.uneven_warps, True)
+    assert (blocks.block_n, blocks.num_warps, blocks.wide) == (*measured[spec.name, n], True)
     for dtype in ("bfloat16", "float16"):
         case = Case(op=spec.name, dtype=dtype, dims={"lead": (3,), "N": n},
                     layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=n)
@@ -108,9 +112,9 @@ def test_uneven_rows_loop(spec, n, fuseaudit_device):
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 def test_layer_norm_rows_past_the_cap(op, fuseaudit_device):
-    """Half-precision rows past 16384 loop in layer_norm, in blocks of 8192 in 32 warps, prefetching (its looped
-    pass 1 sums shifted values); add_layer_norm holds them whole up to 32768, padded or not.  Every such row goes
-    through its kernel against float64."""
+    """Half-precision rows past 16384 loop in layer_norm, prefetching (its looped pass 1 sums shifted values): in
+    blocks of 4096 in 8 warps below 32768 (RowTuning.half_short), of 8192 in 32 warps from there; add_layer_norm
+    holds them whole up to 32768, padded or not.  Every such row goes through its kernel against float64."""
     from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
 
     from fuseaudit.case import Case
@@ -120,7 +124,8 @@ def test_layer_norm_rows_past_the_cap(op, fuseaudit_device):
     for n in (20000, 32768):
         blocks = _rows.row_block_config(16384, n, 2, tuning)
         if op == "layer_norm":
-            assert (blocks.block_n, blocks.num_warps, blocks.wide, blocks.prefetch) == (8192, 32, True, 1), n
+            expected = (4096, 8) if n < 32768 else (8192, 32)
+            assert (blocks.block_n, blocks.num_warps, blocks.wide, blocks.prefetch) == (*expected, True, 1), n
         else:
             assert (blocks.block_n, blocks.wide) == (32768, False) and blocks.num_warps == _rows.WIDE_WHOLE_ROW_WARPS
         case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
@@ -433,9 +438,7 @@ def test_long_half_rows(op, fuseaudit_device):
     blocks."""
     import importlib
 
-    from fuseaudit.kernels import _coop, _launch, _rows
-
-    from fuseaudit.case import Case
+    from fuseaudit.kernels import _rows
 
     spec = OPS[op]
     module = importlib.import_module(spec.reference.split(":")[0])
@@ -458,14 +461,62 @@ def test_long_half_rows(op, fuseaudit_device):
     assert _rows.row_block_config(16384, min_n, 4, tuning) == _rows.row_block_config(
         16384, min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
     lowered = tuning._replace(half_long=(1000, 256, 4), half_long_few=few and (2, 512, 4))
+    _through_lowered_rule(op, lowered, ((3, 1000, 256), (3, 999, 64), (2, 1000, 512 if few else 256)),
+                          fuseaudit_device)
+
+
+def _through_lowered_rule(op: str, lowered, cases, device: str) -> None:
+    """Strided bfloat16 rows ``(rows, n)`` through ``op``'s tuning replaced by ``lowered`` with a 256-byte cap
+    (default looped blocks of 64), each in blocks of ``expected`` columns, against float64."""
+    import importlib
+
+    from fuseaudit.kernels import _coop, _launch, _rows
+
+    from fuseaudit.case import Case
+
+    spec = OPS[op]
+    module = importlib.import_module(spec.reference.split(":")[0])
+    attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
     with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(module, **{attr: lowered}), \
             _launch.retuned(_coop, ENABLED=False):
-        for rows, n, expected in ((3, 1000, 256), (3, 999, 64), (2, 1000, 512 if few else 256)):
+        for rows, n, expected in cases:
             assert _rows.row_block_config(rows, n, 2, lowered).block_n == expected
             case = Case(op=op, dtype="bfloat16", dims={"lead": (rows,), "N": n}, regime="normal",
                         layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(), seed=7)
-            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
-                     target=spec.reference).raise_for_failures()
+            run_case(spec, spec.load_reference(), case, device=device, target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_short_half_rows(op, fuseaudit_device):
+    """Half-precision rows past the cap and narrower than ``half_short[0]`` loop in its smaller blocks (the plain
+    norms' rows from 16385 in blocks of 4096: layer_norm's to 32767, rms_norm's to 20480, where blocks of 4096
+    pad less than blocks of 8192), from ``min_rows`` rows (256); fewer rows, wider ones, float32 and rows no
+    wider than its block keep
+    their rules.  With the rule lowered to rows below 1000 (blocks of 256), strided bfloat16 rows of 999 go
+    through it against float64, and rows of 1000 and of 200 through the default blocks."""
+    import importlib
+
+    from fuseaudit.kernels import _rows
+
+    spec = OPS[op]
+    module = importlib.import_module(spec.reference.split(":")[0])
+    attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
+    tuning = getattr(module, attr)
+    measured = {"rms_norm": (20481, 4096, 16, 256), "layer_norm": (32768, 4096, 8, 256)}
+    assert tuning.half_short == measured.get(op), "as measured"
+    if tuning.half_short is None:
+        return
+    max_n, block, warps, min_rows = tuning.half_short
+    for rows, n in ((16384, 16385), (min_rows, 20000), (1024, max_n - 1)):
+        blocks = _rows.row_block_config(rows, n, 2, tuning)
+        expected = (block, warps, tuning.wide_prefetch)
+        assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == expected, n
+    plain = tuning._replace(half_short=None)
+    for rows, n, size in ((16384, max_n, 2), (1024, 40000, 2), (16384, 20000, 4), (16384, 16384, 2),
+                          (min_rows - 1, 20000, 2), (1, 20000, 2)):
+        assert _rows.row_block_config(rows, n, size, tuning) == _rows.row_block_config(rows, n, size, plain)
+    lowered = tuning._replace(half_short=_rows.HalfShort(1000, 256, 4, min_rows=1))
+    _through_lowered_rule(op, lowered, ((3, 999, 256), (3, 1000, 64), (3, 200, 64)), fuseaudit_device)
 
 
 def test_split_warps():
