@@ -563,8 +563,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
         return RowBlocks(1, two.block, two.warps, True, prefetch=two.prefetch)
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
         block, warps = tuning.uneven_block, tuning.uneven_warps
-        if tuning.uneven_large and _padded(n, tuning.uneven_large[0]) <= _padded(n, block):
-            block, warps = tuning.uneven_large
+        large = tuning.uneven_large
+        if large and triton.cdiv(n, large[0]) * large[0] <= triton.cdiv(n, block) * block:  # pads no more
+            block, warps = large
         return RowBlocks(1, block, warps, True, prefetch=prefetch)
     # A split may keep whole a row that "wide" would loop over.  It pays when
     # many rows are in flight; a few rows want many threads each instead.
@@ -597,11 +598,6 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     max_warps = tuning.max_warps if block_n * element_size <= max_fused_bytes else WIDE_WHOLE_ROW_WARPS
     num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), max_warps)
     return RowBlocks(block_m, block_n, num_warps, False)
-
-
-def _padded(n: int, block: int) -> int:
-    """Columns a row of ``n`` takes in whole blocks of ``block``."""
-    return -(-n // block) * block
 
 
 def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBlocks | None:
