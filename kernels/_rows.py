@@ -293,7 +293,8 @@ def load_back_block(x_row, h_row, cols, N, sxn, HAS_RESIDUAL: tl.constexpr):
 
 # Widest row a program keeps whole in registers, in bytes of the input dtype:
 # 16384 elements of float16/bfloat16, 8192 of float32.  Wider rows take the
-# looped kernel, in blocks of half this.  On the H200 (bf16, 16384 rows) the
+# looped kernel, in blocks of half this unless a RowTuning field says other
+# blocks (float32_wide, half_short, half_long).  On the H200 (bf16, 16384 rows) the
 # looped kernel beat whole rows in registers at N = 32768 for every op
 # (rms_norm 525 vs 587 µs, softmax 599 vs 1026 µs).  Tests lower it to reach
 # that path with small rows (through _launch.retuned, as for every constant

@@ -125,15 +125,16 @@ from ._rows import (
 # 32768 48.8 -> 48.4, 256 x 32768 15.8 -> 14.2, 16384 x 20000 474.7 -> 483.5; fp16 16384 x
 # 65536 1390.6 -> 1348.1, 16384 x 32768 617.4 -> 601.7.  Rows of 16384 and 14336 stay whole
 # (bf16, 16384 rows: 269.9 and 249.5 whole, 293.0 and 271.9 at best looped; lnw-ab-session18.txt).
-# Rows narrower than 32768 loop in blocks of 4096 in 8 warps (RowTuning.half_short): blocks of
-# 8192 in 32 warps left one program on each SM (two of 4096 x 8 fit), and padded up to 48%
-# of a row (N = 17000 in three blocks).  H200, event time after an L2 flush, 8192 x 32 warps
-# -> 4096 x 8, µs (uneven-blocks-session19.txt, uneven-rules-session19.txt): bf16 16384 x
-# 17000 1282.3 -> 812.7, 16384 x 20000 483.3 -> 367.9, 16384 x 24000 496.9 -> 449.6, 16384 x
-# 30000 624.3 -> 610.1, 1024 x 20000 37.6 -> 30.2, 1024 x 24000 38.6 -> 35.3, 256 x 20000
-# 11.5 -> 10.2, fp16 16384 x 20000 447.8 -> 366.8, 16384 x 24000 467.6 -> 447.4; wider rows
-# lost (16384 x 40000 785.3 -> 836.1, 50000 1098.1 -> 1103.9; 32768 a tie, ln-ablate2-session19.txt),
-# as did 128 rows and fewer (1 x 24000 7.5 -> 9.1, 128 x 20000 8.1 -> 9.1; uneven-decode-session19.txt).
+# From 256 rows, those narrower than 32768 loop in blocks of 4096 in 8 warps instead
+# (RowTuning.half_short): blocks of 8192 in 32 warps left one program on each SM (two of 4096 x 8
+# fit), and padded up to 48% of a row (N = 17000 in three blocks).  H200, event time after an L2
+# flush, 8192 x 32 warps -> 4096 x 8, µs (uneven-blocks-session19.txt,
+# uneven-rules-session19.txt): bf16 16384 x 17000 1282.3 -> 812.7, 16384 x 20000 483.3 -> 367.9,
+# 16384 x 24000 496.9 -> 449.6, 16384 x 30000 624.3 -> 610.1, 1024 x 20000 37.6 -> 30.2, 1024 x
+# 24000 38.6 -> 35.3, 256 x 20000 11.5 -> 10.2, fp16 16384 x 20000 447.8 -> 366.8, 16384 x 24000
+# 467.6 -> 447.4; wider rows lost (16384 x 40000 785.3 -> 836.1, 50000 1098.1 -> 1103.9; 32768 a
+# tie, ln-ablate2-session19.txt), as did 128 rows and fewer (1 x 24000 7.5 -> 9.1, 128 x 20000 8.1
+# -> 9.1; uneven-decode-session19.txt).
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
                    float32_whole_from=16384, float32_wide=(8192, 16),
                    half_short=HalfShort(32768, 4096, 8, min_rows=256))
