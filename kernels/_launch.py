@@ -88,6 +88,7 @@ from typing import Any
 import torch
 import triton
 
+from . import _coop, _rows
 from ._rows import interpreting
 
 __all__ = ["Plan", "clear_cache", "output_like", "planned", "retuned"]
@@ -109,17 +110,26 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 
 def clear_cache() -> None:
-    """Forget every kept plan (after changing Triton options or a module constant a plan is built from)."""
+    """Forget every kept plan and remembered tile choice (after changing Triton options or a module constant).
+
+    The tile choices (``_rows._row_block_config``, ``_coop._coop_config``)
+    are cached by their arguments, not by the module constants they read
+    (``ROW_TILE``, ``MIN_WARPS``, ``INTERPRETER_TILE``, ...): without this a
+    constant changed after a first call would not be seen.
+    """
     _PLANS.clear()
+    _rows._row_block_config.cache_clear()
+    _coop._coop_config.cache_clear()
 
 
 @contextlib.contextmanager
 def retuned(target: Any, **values: Any) -> Iterator[None]:
     """Set attributes of ``target`` (a kernel module's ``TUNING``, ``_rows`` or ``_coop`` constants) for the block.
 
-    Plans are built from such constants but not keyed by them, so the kept
-    plans are forgotten on entry and again on exit: the calls inside build
-    their plans from the new values, the calls after from the old.  An
+    Plans (and the cached tile choices) are built from such constants but not
+    keyed by them, so they are forgotten on entry and again on exit (see
+    :func:`clear_cache`): the calls inside build their plans from the new
+    values, the calls after from the old.  An
     attribute ``target`` lacks is an AttributeError (a misspelt name would
     otherwise change nothing).
     """

@@ -300,6 +300,25 @@ def test_retuned_plans_follow_the_constants(fuseaudit_device: str, monkeypatch: 
     _launch.clear_cache()
 
 
+def test_retuned_reaches_cached_tile_choices() -> None:
+    """The tile choices are cached by their arguments, not by the module constants they read: ``retuned`` (through
+    ``clear_cache``) forgets them, so a constant changed after a first call is seen inside the block and the old
+    value after it."""
+    from fuseaudit.kernels import _coop, _rows, layer_norm
+
+    def block_m() -> int:  # 4096 rows of 512: ROW_TILE // 512 rows a program
+        return _rows._row_block_config(4096, 512, 2, layer_norm.TUNING, _rows.MAX_FUSED_BYTES, False).block_m
+
+    def splits() -> object:  # 8 wide rows on 132 SMs: split over programs unless MAX_ROWS is below 8
+        return _coop._coop_config(8, 65536, 2, 132, _coop.knobs(), None)
+
+    shipped = block_m()
+    assert shipped == _rows.ROW_TILE // 512 > 1 and splits() is not None
+    with _launch.retuned(_rows, ROW_TILE=_rows.ROW_TILE // 2), _launch.retuned(_coop, MAX_ROWS=4):
+        assert block_m() == shipped // 2 and splits() is None
+    assert block_m() == shipped and splits() is not None
+
+
 def test_no_test_patches_what_plans_are_built_from() -> None:
     """A kept plan outlives a plain patch of a kernel module's constants (it would run the old tile on a GPU):
     the tests change them through ``_launch.retuned`` only."""
