@@ -145,8 +145,8 @@ def row_offsets(rows, D1, D2, S0, S1, S2, ALIGN: tl.constexpr):
 
     ``ALIGN`` is what the host knows divides every offset (see
     :func:`row_alignment`); told to the compiler, it keeps 16-byte vector
-    loads that Triton's own specialisation would miss.  The looped kernels
-    and the bias/gated kernels pass 1 (no claim).
+    loads that Triton's own specialisation would miss.  The bias/gated
+    kernels pass 1 (no claim).
     """
     rows = rows.to(tl.int64)
     i2 = rows % D2
@@ -193,7 +193,13 @@ def row_alignment(n: int, layout: RowLayout) -> int:
     (``reports/h200/bench-rows-split-final-fp16.txt`` -> ``bench-rows-align-fp16.txt``):
     layer_norm N = 3000 110.2 -> 56.3, softmax 147.6 -> 61.4, rms_norm
     N = 2500 78.9 -> 55.1; N = 7000 layer_norm 478 -> 127 (do_bench before,
-    ``row-split-widths.txt``).  The looped kernels and the bias/gated kernels
+    ``row-split-widths.txt``).  The looped kernels take it too since the
+    twentieth session (``ALIGN = 1`` -> the divisor, bf16, event time after
+    an L2 flush, µs, ``reports/h200/align-wide-session20.txt``): rms_norm
+    16384 x 9000 394.3 -> 253.8, 1024 x 13000 39.8 -> 27.9, softmax 16384 x
+    9000 355.5 -> 233.6, 16384 x 20008 829.7 -> 550.2, layer_norm 16384 x
+    20008 892.0 -> 527.3, float32 16384 x 40004 2667.6 -> 1939.6,
+    add_layer_norm 16384 x 40008 3505.5 -> 2326.8.  The bias/gated kernels
     pass 1: not measured.
     Strides of size-1 dims (any value, never multiplied by more than 0)
     only make the divisor smaller; stride-0 dims do not change it.
@@ -449,6 +455,11 @@ class RowTuning(NamedTuple):
     # rows of 12289 to 16383, e.g. 14336, two blocks rather than four);
     # None: uneven_block for all of them.  Each op's tuning says what it measured.
     uneven_large: tuple[int, int] | None = None
+    # (max_rows, warps): those uneven rows, at most max_rows of them, held whole
+    # instead, as a block of half their padded width plus a tail block (see
+    # RowBlocks; 11008 = 8192 + 4096, 14336 = 8192 + 8192) in ``warps`` warps;
+    # None: they loop.  Each op's tuning says what it measured.
+    uneven_split: tuple[int, int] | None = None
     # Rows that are not a power of two may be held whole as a power-of-two
     # block plus a smaller tail block (see RowBlocks, TailSplit); None: never.
     split_tail: TailSplit | None = None
@@ -493,6 +504,10 @@ class RowTuning(NamedTuple):
     float32_two_blocks: TwoBlocks | None = None
     # Many float32 rows this wide or wider are split over programs (see ManyRows); None: never.
     float32_many_rows: ManyRows | None = None
+    # (min_rows, warps): float32 rows exactly as wide as the cap (8192), held
+    # whole, get ``warps`` warps from min_rows rows on (before two_blocks takes
+    # them, if it does); None: the elements_per_thread rule.
+    float32_cap_warps: tuple[int, int] | None = None
 
 
 class RowBlocks(NamedTuple):
@@ -563,6 +578,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     if two is not None and rows >= two.min_rows and n == 2 * two.block:
         return RowBlocks(1, two.block, two.warps, True, prefetch=two.prefetch)
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
+        if tuning.uneven_split and rows <= tuning.uneven_split[0]:
+            full = block_n // 2
+            return RowBlocks(1, full, tuning.uneven_split[1], False, next_pow2(n - full))
         block, warps = tuning.uneven_block, tuning.uneven_warps
         large = tuning.uneven_large
         if large and triton.cdiv(n, large[0]) * large[0] <= triton.cdiv(n, block) * block:  # pads no more
@@ -598,6 +616,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     threads = block_m * block_n // tuning.elements_per_thread
     max_warps = tuning.max_warps if block_n * element_size <= max_fused_bytes else WIDE_WHOLE_ROW_WARPS
     num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), max_warps)
+    cap_warps = tuning.float32_cap_warps
+    if cap_warps and element_size == 4 and n == cap and rows >= cap_warps[0]:
+        num_warps = cap_warps[1]
     return RowBlocks(block_m, block_n, num_warps, False)
 
 

@@ -404,12 +404,14 @@ def layer_norm_wide_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
+    ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
 ):
     # One row per program, BLOCK_N < N columns at a time.
+    N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     row = tl.program_id(0)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
-    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
-    out = row.to(tl.int64) * N
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
+    out = out_row_offsets(row, N, ALIGN)
 
     # Pass 1: the row's mean and variance; with a residual, h = x + residual
     # is formed, rounded and stored here.  Shifted sums where they were
@@ -566,7 +568,7 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     if blocks.wide:
         plan = Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
     else:
         plan = Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx,
                     *sr, *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m,

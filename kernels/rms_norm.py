@@ -109,7 +109,16 @@ from ._rows import (
 # alike they tied or lost (16384 x 24000 399.2 -> 395.7, fp16 393.5 -> 403.2; 30000 484.2 ->
 # 551.2), and wider rows lost (40000: 647.4 -> 777.6, 50000: 876.2 -> 1043.9), as did 128 rows
 # and fewer (1 x 20000 6.1 -> 6.7, 128 x 20000 6.9 -> 7.7; uneven-decode-session19.txt).
+# Up to 4096 rows, uneven rows held whole as 8192 plus a tail beat the loop in 8 warps (RowTuning.uneven_split;
+# H200, bf16, event time after an L2 flush, looped -> split, µs, reports/h200/uneven-split-session20.txt): 1024 x
+# 11008 17.6 -> 16.5, 4096 x 11008 52.0 -> 47.7, 64 x 11008 5.9 -> 5.3, 1 x 11008 6.1 -> 5.0, fp16 1024 x 11008
+# 17.3 -> 16.2, 1024 x 14336 21.0 -> 19.6, 4096 x 14336 63.2 -> 61.5, 1 x 14336 6.6 -> 5.4, 1024 x 12288 18.8 ->
+# 17.3, 1024 x 9000 22.0 -> 17.5, 1024 x 13000 27.9 -> 21.5 (256 x 11008 tied, 7.4 -> 7.3).  At 16384 rows the
+# loop stays: 14336 225.0 -> 227.9, 12288 193.5 -> 199.6, 11008 178.4 -> 175.9 (9000 254 -> 179 and 13000 340 ->
+# 265 gained, but there every other row starts 16 bytes past a 32-byte boundary, which slows every kernel here
+# 1.4-1.5x, reports/h200/row-alignment-session20.txt: a lead rather than a rule).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
+                   uneven_split=(4096, 8),
                    half_short=HalfShort(20481, 4096, 16, min_rows=256),
                    split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768, wide_prefetch=1,
                    float32_wide_prefetch=2,
@@ -126,7 +135,7 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 65536 2241.6 -> 2153.2 µs, float16 2218.6 -> 2158.8, bf16 1024 x 65536 149.6 -> 142.1;
 # reports/h200/split-warps-session17.txt); plain rms_norm's did not gain (1276.9 ->
 # 1312.5, norm-configs-session17.txt).
-ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, half_short=None,
+ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, uneven_split=None, half_short=None,
                              split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
@@ -217,12 +226,14 @@ def rms_norm_wide_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
+    ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
 ):
     # One row per program, BLOCK_N < N columns at a time.
+    N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     row = tl.program_id(0)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
-    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, 1)
-    out = row.to(tl.int64) * N
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+    r_row = R + row_offsets(row, D1, D2, sr0, sr1, sr2, ALIGN)
+    out = out_row_offsets(row, N, ALIGN)
     offs = tl.arange(0, BLOCK_N)
 
     # Pass 1: sum of squares, lane by lane (reduced once after the loop).
@@ -359,7 +370,7 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     if blocks.wide:
         plan = Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
     else:
         plan = Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),
                     layout.rows, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),

@@ -99,8 +99,12 @@ from ._rows import (
 # 21.6 -> 21.7), 1024 x 14336 lost 2-3% (bf16 22.4 -> 22.9, fp16 22.0 -> 22.6), and decode rows
 # won (1 x 14336 7.5 -> 6.4, 64 x 14336 7.8 -> 6.7; uneven-decode-session19.txt); at 11008
 # (12288 columns in blocks of 4096, 16384 in 8192) 8192 lost, 188.4 -> 229.3.
+# float32 rows of 8192 held whole run in 32 warps from 256 rows (RowTuning.float32_cap_warps; below the 2048
+# rows that loop in two blocks): H200, event time after an L2 flush, 16 -> 32 warps, µs
+# (reports/h200/uneven-split-session20.txt): 1024 rows 23.0 -> 22.2, 23.6 -> 22.2, 23.6 -> 22.1 (three runs),
+# 1536 rows 32.1 -> 31.0, 256 rows 8.7 -> 8.5; 64 rows lost (6.2 -> 6.6), 1 and 8 rows tied.
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
-                   uneven_large=(8192, 8),
+                   uneven_large=(8192, 8), float32_cap_warps=(256, 32),
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
                    half_long=(65536, 16384, 16), half_long_few=(128, 32768, 32))
@@ -249,11 +253,13 @@ def softmax_wide_kernel(
     PRECISE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
+    ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
 ):
     # One row per program, BLOCK_N < N columns at a time.
+    N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     row = tl.program_id(0)
-    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, 1)
-    out = row.to(tl.int64) * N
+    x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
+    out = out_row_offsets(row, N, ALIGN)
 
     # Pass 1: a reference m (the running max, give or take RESCALE_SLACK) and
     # the running sum d of exp(s - m).
@@ -384,7 +390,7 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
     if blocks.wide:
         plan = Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
                     PRECISE=precise, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
     else:
         plan = Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,
                     *layout.strides[0], float(scale), PRECISE=precise, BLOCK_M=blocks.block_m,

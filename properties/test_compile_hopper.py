@@ -45,8 +45,10 @@ SCRIPT = textwrap.dedent(
     ]
     POINTERS = ("X", "R", "W", "B", "Y", "H")
     WORKSPACE = {"Part": "*fp32", "Count": "*i32"}  # the cooperative kernels' (kernels/_coop.py)
-    WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 8192, 11008, 14336, 16384, 20000, 40000, 65536)
-    ROWS = (8, 16384)
+    WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 8192, 9000, 11008, 14336, 16384, 20000, 20008, 40000, 65536)
+    # not multiples of 16 elements, rows 16-byte aligned in half precision: whole rows (3000) and looped (9000, 20008)
+    UNALIGNED = (3000, 9000, 20008)
+    ROWS = (8, 1024, 16384)
 
     def signature(fn, dtype, constexprs):
         sig = {}
@@ -83,7 +85,7 @@ SCRIPT = textwrap.dedent(
                     if module is softmax:
                         consts["PRECISE"] = dtype == torch.float32
                     if b.wide:
-                        fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch)
+                        fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch, ALIGN=min(n & -n, 16))
                         consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
                     else:
                         fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,
@@ -102,15 +104,17 @@ SCRIPT = textwrap.dedent(
                         failures.append(f"{fn.__name__} {dtype} N={n} rows={rows} {consts} "
                                         f"num_warps={b.num_warps}: {type(e).__name__}: {e}")
                         continue
-                    # N = 3000 is not a multiple of 16 elements (Triton's own specialisation misses
-                    # it) but its rows are 16-byte aligned in half precision: ALIGN must keep the
-                    # row's loads and stores 16 bytes wide (only layer_norm's first elements, x0 and
-                    # with a residual r0, are 2-byte loads).
-                    if n == 3000 and dtype != torch.float32 and fn is whole:
-                        scalar_loads = len(re.findall(r"ld\.global(\.\w+)*\.b16 ", ptx))
-                        allowed = (1 + extra["HAS_RESIDUAL"]) if module is layer_norm else 0
-                        if "ld.global.v4.b32" not in ptx or "st.global.b16" in ptx or scalar_loads > allowed:
-                            failures.append(f"{fn.__name__} {dtype} N=3000 ALIGN={consts['ALIGN']}: "
+                    # These widths are not multiples of 16 elements (Triton's own specialisation
+                    # misses them) but their rows are 16-byte aligned in half precision: ALIGN must
+                    # keep the row's loads and stores 16 bytes wide, whole or looped (only the whole
+                    # layer_norm's first elements, x0 and with a residual r0, are 2-byte loads).
+                    if n in UNALIGNED and dtype != torch.float32:
+                        # (eviction hints sit between ld.global and the width: ld.global.L1::evict_last...)
+                        scalar_loads = len(re.findall(r"ld\.global[.\w:]*\.b16 ", ptx))
+                        vector_loads = len(re.findall(r"ld\.global[.\w:]*\.v4\.b32 ", ptx))
+                        allowed = (1 + extra["HAS_RESIDUAL"]) if module is layer_norm and fn is whole else 0
+                        if not vector_loads or "st.global.b16" in ptx or scalar_loads > allowed:
+                            failures.append(f"{fn.__name__} {dtype} N={n} ALIGN={consts['ALIGN']}: "
                                             f"not 16-byte vectorised ({scalar_loads} 2-byte loads)")
     # The cooperative kernels, at the splits an H200 (132 SMs) takes for a few wide rows (and for many,
     # by each op's ManyRows rule): they must compile for a cooperative grid, publish with a release

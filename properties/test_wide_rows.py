@@ -93,21 +93,60 @@ def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
 def test_uneven_rows_loop(spec, n, fuseaudit_device):
     """Half-precision rows wider than 8192 and not a power of two take the looped kernel (RowTuning.uneven_block),
     softmax's in blocks of 8192 where those pad the row no more than blocks of 4096 (RowTuning.uneven_large: 14336
-    in two blocks, 11008 in three of 4096)."""
-    from fuseaudit.kernels import _rows, rms_norm, softmax
+    in two blocks, 11008 in three of 4096); rms_norm's up to 4096 rows are held whole as 8192 plus a tail in 8
+    warps instead (RowTuning.uneven_split).  Three rows go through each kernel the rules pick, against float64."""
+    from fuseaudit.kernels import _launch, _rows, rms_norm, softmax
 
     from fuseaudit.case import Case
 
-    tuning = {"rms_norm": rms_norm.TUNING, "softmax": softmax.TUNING}[spec.name]
+    module = {"rms_norm": rms_norm, "softmax": softmax}[spec.name]
+    tuning = module.TUNING
     measured = {("rms_norm", 11008): (4096, 16), ("rms_norm", 14336): (4096, 16),
                 ("softmax", 11008): (4096, 4), ("softmax", 14336): (8192, 8)}
-    blocks = _rows.row_block_config(3, n, 2, tuning)
+    blocks = _rows.row_block_config(16384, n, 2, tuning)
     assert (blocks.block_n, blocks.num_warps, blocks.wide) == (*measured[spec.name, n], True)
+    assert tuning.uneven_split == ((4096, 8) if spec.name == "rms_norm" else None), "as measured"
+    few = _rows.row_block_config(3, n, 2, tuning)
+    if spec.name == "rms_norm":
+        assert _rows.row_block_config(4096, n, 2, tuning) == few._replace(early=False)
+        assert _rows.row_block_config(4097, n, 2, tuning).wide
+        assert (few.block_n, few.block_t, few.num_warps, few.wide) == (8192, _rows.next_pow2(n - 8192), 8, False)
+    else:
+        assert few == blocks._replace(early=few.early)
+    loop = tuning._replace(uneven_split=None)
     for dtype in ("bfloat16", "float16"):
         case = Case(op=spec.name, dtype=dtype, dims={"lead": (3,), "N": n},
                     layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=n)
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
+        if spec.name == "rms_norm":  # and through the loop, which more rows take
+            with _launch.retuned(module, TUNING=loop):
+                assert _rows.row_block_config(3, n, 2, loop).wide
+                run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                         target=spec.reference).raise_for_failures()
+
+
+def test_float32_cap_warps():
+    """softmax's float32 rows of 8192 (the cap) held whole get 32 warps from 256 rows (RowTuning.float32_cap_warps)
+    until 2048, where they loop in two blocks; fewer rows, other widths, half precision and the other ops keep the
+    elements_per_thread rule (16 warps).  The GPU's choice: the interpreter's programs take many rows each."""
+    from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
+
+    def gpu(rows, n, size, tuning):
+        return _rows._row_block_config(rows, n, size, tuning, _rows.MAX_FUSED_BYTES, False)
+
+    tuning = softmax.TUNING
+    assert tuning.float32_cap_warps == (256, 32), "as measured"
+    for rows in (256, 1024, 2047):
+        assert gpu(rows, 8192, 4, tuning) == _rows.RowBlocks(1, 8192, 32, False), rows
+    assert gpu(2048, 8192, 4, tuning).wide  # TwoBlocks
+    plain = tuning._replace(float32_cap_warps=None)
+    for rows, n, size in ((255, 8192, 4), (1, 8192, 4), (1024, 4096, 4), (1024, 6000, 4), (1024, 8192, 2),
+                          (1024, 16384, 2), (2048, 8192, 4)):
+        assert gpu(rows, n, size, tuning) == gpu(rows, n, size, plain), (rows, n, size)
+    assert gpu(255, 8192, 4, tuning).num_warps == gpu(1024, 8192, 4, plain).num_warps == 16
+    for other in (rms_norm.TUNING, rms_norm.ADD_TUNING, layer_norm.TUNING, layer_norm.ADD_TUNING):
+        assert other.float32_cap_warps is None
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
