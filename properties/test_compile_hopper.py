@@ -48,7 +48,9 @@ SCRIPT = textwrap.dedent(
     WIDTHS = (100, 1000, 2500, 3000, 5120, 7000, 8192, 9000, 11008, 14336, 16384, 20000, 20008, 40000, 65536)
     # not multiples of 16 elements, rows 16-byte aligned in half precision: whole rows (3000) and looped (9000, 20008)
     UNALIGNED = (3000, 9000, 20008)
-    ROWS = (8, 1024, 16384)
+    ROWS = (8, 16384)
+    # and rules that only 256-4096 rows take (softmax float32 rows of 8192 in 32 warps; rms_norm's uneven split)
+    POINTS = [(n, rows) for n in WIDTHS for rows in ROWS] + [(8192, 1024), (11008, 1024)]
 
     def signature(fn, dtype, constexprs):
         sig = {}
@@ -78,44 +80,43 @@ SCRIPT = textwrap.dedent(
         name = module.__name__.rsplit(".", 1)[-1]
         whole, wide = getattr(module, name + "_kernel"), getattr(module, name + "_wide_kernel")
         for dtype in TYPES:
-            for n in WIDTHS:
-                for rows in ROWS:
-                    b = _rows.row_block_config(rows, n, dtype.itemsize, tuning)
-                    consts = dict(extra)
-                    if module is softmax:
-                        consts["PRECISE"] = dtype == torch.float32
-                    if b.wide:
-                        fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch, ALIGN=min(n & -n, 16))
-                        consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
-                    else:
-                        fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,
-                                                 ALIGN=min(n & -n, 16))  # contiguous (rows, n) inputs
-                        if "EARLY" in fn.arg_names:  # the norms: vectors early at 8 rows, late at 16384
-                            consts["EARLY"] = b.early
-                        # column strides of 1, as Triton specialises them
-                        consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
-                    key = (fn.__name__, dtype, tuple(sorted(consts.items())), b.num_warps)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    try:
-                        ptx = compile_ptx(fn, dtype, consts, b.num_warps)
-                    except Exception as e:
-                        failures.append(f"{fn.__name__} {dtype} N={n} rows={rows} {consts} "
-                                        f"num_warps={b.num_warps}: {type(e).__name__}: {e}")
-                        continue
-                    # These widths are not multiples of 16 elements (Triton's own specialisation
-                    # misses them) but their rows are 16-byte aligned in half precision: ALIGN must
-                    # keep the row's loads and stores 16 bytes wide, whole or looped (only the whole
-                    # layer_norm's first elements, x0 and with a residual r0, are 2-byte loads).
-                    if n in UNALIGNED and dtype != torch.float32:
-                        # (eviction hints sit between ld.global and the width: ld.global.L1::evict_last...)
-                        scalar_loads = len(re.findall(r"ld\.global[.\w:]*\.b16 ", ptx))
-                        vector_loads = len(re.findall(r"ld\.global[.\w:]*\.v4\.b32 ", ptx))
-                        allowed = (1 + extra["HAS_RESIDUAL"]) if module is layer_norm and fn is whole else 0
-                        if not vector_loads or "st.global.b16" in ptx or scalar_loads > allowed:
-                            failures.append(f"{fn.__name__} {dtype} N={n} ALIGN={consts['ALIGN']}: "
-                                            f"not 16-byte vectorised ({scalar_loads} 2-byte loads)")
+            for n, rows in POINTS:
+                b = _rows.row_block_config(rows, n, dtype.itemsize, tuning)
+                consts = dict(extra)
+                if module is softmax:
+                    consts["PRECISE"] = dtype == torch.float32
+                if b.wide:
+                    fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch, ALIGN=min(n & -n, 16))
+                    consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
+                else:
+                    fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,
+                                             ALIGN=min(n & -n, 16))  # contiguous (rows, n) inputs
+                    if "EARLY" in fn.arg_names:  # the norms: vectors early at 8 rows, late at 16384
+                        consts["EARLY"] = b.early
+                    # column strides of 1, as Triton specialises them
+                    consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
+                key = (fn.__name__, dtype, tuple(sorted(consts.items())), b.num_warps)
+                if key in seen:
+                    continue
+                seen.add(key)
+                try:
+                    ptx = compile_ptx(fn, dtype, consts, b.num_warps)
+                except Exception as e:
+                    failures.append(f"{fn.__name__} {dtype} N={n} rows={rows} {consts} "
+                                    f"num_warps={b.num_warps}: {type(e).__name__}: {e}")
+                    continue
+                # These widths are not multiples of 16 elements (Triton's own specialisation
+                # misses them) but their rows are 16-byte aligned in half precision: ALIGN must
+                # keep the row's loads and stores 16 bytes wide, whole or looped (only the whole
+                # layer_norm's first elements, x0 and with a residual r0, are 2-byte loads).
+                if n in UNALIGNED and dtype != torch.float32:
+                    # (eviction hints sit between ld.global and the width: ld.global.L1::evict_last...)
+                    scalar_loads = len(re.findall(r"ld\.global[.\w:]*\.b16 ", ptx))
+                    vector_loads = len(re.findall(r"ld\.global[.\w:]*\.v4\.b32 ", ptx))
+                    allowed = (1 + extra["HAS_RESIDUAL"]) if module is layer_norm and fn is whole else 0
+                    if not vector_loads or "st.global.b16" in ptx or scalar_loads > allowed:
+                        failures.append(f"{fn.__name__} {dtype} N={n} ALIGN={consts['ALIGN']}: "
+                                        f"not 16-byte vectorised ({scalar_loads} 2-byte loads)")
     # The cooperative kernels, at the splits an H200 (132 SMs) takes for a few wide rows (and for many,
     # by each op's ManyRows rule): they must compile for a cooperative grid, publish with a release
     # and wait with acquire loads in a loop.
