@@ -14,9 +14,11 @@ document's machine and commit info stay the stored ones.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from fuseaudit import benchjson, results
+from fuseaudit.jsonio import write_json
 
 
 def update(results: dict[str, Any], benches: list[dict[str, Any]], message: str) -> tuple[int, int]:
@@ -42,16 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("benches", nargs="+", help="fuseaudit bench JSON files, newest first")
     parser.add_argument("-m", "--message", required=True, help="what these files measured, and where")
     args = parser.parse_args(argv)
-    with open(args.results) as f:
-        results = json.load(f)
-    benches = []
-    for path in args.benches:
-        with open(path) as f:
-            benches.append(json.load(f))
-    added, replaced = update(results, benches, args.message)
-    with open(args.results, "w") as f:
-        json.dump(results, f, indent=2)
-        f.write("\n")
+    try:  # the project's checked readers: a wrong file is one line, not a traceback
+        doc = results.load(args.results)
+        benches = [benchjson.load(path) for path in args.benches]
+    except (results.ResultsError, benchjson.BenchJsonError) as exc:
+        print(f"update_results: {exc}", file=sys.stderr)
+        return 2
+    added, replaced = update(doc, benches, args.message)
+    write_json(args.results, doc, indent=2)  # atomically, in the stored file's indentation
     print(f"{args.results}: {added} benchmark(s) added, {replaced} replaced")
     return 0
 
