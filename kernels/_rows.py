@@ -151,10 +151,18 @@ def row_offsets(rows, D1, D2, S0, S1, S2, ALIGN: tl.constexpr):
     rows = rows.to(tl.int64)
     i2 = rows % D2
     rest = rows // D2
-    offsets = (rest // D1) * S0 + (rest % D1) * S1 + i2 * S2
+    t0 = (rest // D1) * S0
+    t1 = (rest % D1) * S1
+    t2 = i2 * S2
     if ALIGN > 1:
-        offsets = tl.multiple_of(offsets, ALIGN)
-    return offsets
+        # Each term, not the sum: with D1 = D2 = 1 (Triton specialises them)
+        # t1 and t2 fold to 0 and the sum folds into t0, which would drop a
+        # hint set on the sum: the row's loads were 2 bytes wide at every
+        # odd row stride (see row_alignment).
+        t0 = tl.multiple_of(t0, ALIGN)
+        t1 = tl.multiple_of(t1, ALIGN)
+        t2 = tl.multiple_of(t2, ALIGN)
+    return t0 + t1 + t2
 
 
 @triton.jit
@@ -199,8 +207,17 @@ def row_alignment(n: int, layout: RowLayout) -> int:
     16384 x 9000 394.3 -> 253.8, 1024 x 13000 39.8 -> 27.9, softmax 16384 x
     9000 355.5 -> 233.6, 16384 x 20008 829.7 -> 550.2, layer_norm 16384 x
     20008 892.0 -> 527.3, float32 16384 x 40004 2667.6 -> 1939.6,
-    add_layer_norm 16384 x 40008 3505.5 -> 2326.8.  The bias/gated kernels
-    pass 1: not measured.
+    add_layer_norm 16384 x 40008 3505.5 -> 2326.8.  Those figures still
+    read ``x`` 2 bytes at a time: the hint sat on the sum in
+    :func:`row_offsets`, which folds away for a ``(rows, N)`` input (D1 =
+    D2 = 1), so only the stores and the weight were 16 bytes wide (ncu on
+    the H200: 78% of rms_norm 16384 x 9000's load sectors excessive).  With
+    the hint on each term (twenty-first session, event µs after an L2
+    flush, ``reports/h200/align-fold-session21.txt``): rms_norm 16384 x
+    9000 253.6 -> 165.6, 16384 x 20008 471.1 -> 325.6, layer_norm 16384 x
+    20008 527.7 -> 380.4, softmax 16384 x 20008 549.0 -> 374.8,
+    add_layer_norm 16384 x 40008 2311.3 -> 1488.3, add_rms_norm 16384 x
+    9000 442.3 -> 290.1.  The bias/gated kernels pass 1: not measured.
     Strides of size-1 dims (any value, never multiplied by more than 0)
     only make the divisor smaller; stride-0 dims do not change it.
     """
@@ -326,9 +343,9 @@ UNEVEN_MIN = 8192
 # and bench-rows-bf16.txt).
 TAIL_MAX_BLOCK = 8192
 TAIL_MIN_ROWS = 1024
-# A split row gets 2 x element size warps, more where that would leave a
-# thread over this many elements (see _split_tail).
-SPLIT_MAX_PER_THREAD = 48
+# A row held whole as a block plus a tail gets 2 x element size warps, more
+# where that would leave a thread over this many elements (see split_warps).
+SPLIT_MAX_PER_THREAD = 72
 # See RowBlocks.early: launches of at most this many rows (no more programs
 # than an H100/H200 has SMs) load the weight and bias with the row.
 EARLY_VECTOR_ROWS = 128
@@ -455,11 +472,17 @@ class RowTuning(NamedTuple):
     # rows of 12289 to 16383, e.g. 14336, two blocks rather than four);
     # None: uneven_block for all of them.  Each op's tuning says what it measured.
     uneven_large: tuple[int, int] | None = None
-    # (max_rows, warps): those uneven rows, at most max_rows of them, held whole
+    # (max_n, BLOCK_N, warps), narrowest first: those uneven rows of at most
+    # max_n columns that loop take these blocks instead of uneven_block and
+    # uneven_warps (the first that applies); (): none.  Each op's tuning says
+    # what it measured.
+    uneven_narrow: tuple[tuple[int, int, int], ...] = ()
+    # max_rows: those uneven rows, at most max_rows of them, held whole
     # instead, as a block of half their padded width plus a tail block (see
-    # RowBlocks; 11008 = 8192 + 4096, 14336 = 8192 + 8192) in ``warps`` warps;
-    # None: they loop.  Each op's tuning says what it measured.
-    uneven_split: tuple[int, int] | None = None
+    # RowBlocks; 11008 = 8192 + 4096, 14336 = 8192 + 8192) in split_warps
+    # warps (9000 = 8192 + 1024 in 4, those two in 8); None: they loop.  Each
+    # op's tuning says what it measured.
+    uneven_split: int | None = None
     # Rows that are not a power of two may be held whole as a power-of-two
     # block plus a smaller tail block (see RowBlocks, TailSplit); None: never.
     split_tail: TailSplit | None = None
@@ -578,9 +601,13 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     if two is not None and rows >= two.min_rows and n == 2 * two.block:
         return RowBlocks(1, two.block, two.warps, True, prefetch=two.prefetch)
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
-        if tuning.uneven_split and rows <= tuning.uneven_split[0]:
+        if tuning.uneven_split and rows <= tuning.uneven_split:
             full = block_n // 2
-            return RowBlocks(1, full, tuning.uneven_split[1], False, next_pow2(n - full))
+            tail = next_pow2(n - full)
+            return RowBlocks(1, full, split_warps(full + tail, element_size), False, tail)
+        for max_n, block, warps in tuning.uneven_narrow:
+            if n <= max_n:
+                return RowBlocks(1, block, warps, True, prefetch=prefetch)
         block, warps = tuning.uneven_block, tuning.uneven_warps
         large = tuning.uneven_large
         if large and triton.cdiv(n, large[0]) * large[0] <= triton.cdiv(n, block) * block:  # pads no more
@@ -650,14 +677,21 @@ def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBl
     whose block exceeds TAIL_MAX_BLOCK elements or the cap keep the other
     rules: nothing wider was measured.
     A thread holds at most ``SPLIT_MAX_PER_THREAD`` elements: more warps
-    where ``2 * element_size`` would leave it more.  That is the layer_norms'
-    half-precision rows of 8192 + 4096 (N = 11008: 96 elements a thread in
-    4 warps), once their full block was unmasked; H200, event time after an
-    L2 flush, 4 -> 8 warps, µs (``reports/h200/split-warps-session17.txt``):
-    layer_norm bf16 16384 x 11008 224.2 -> 183.8, 1024 x 11008 21.5 -> 19.5,
-    float16 221.0 -> 204.9, add_layer_norm 1024 x 11008 31.4 -> 28.5 (16384
-    rows: 351.6 -> 348.7); at 48 a thread (6000 in 4 warps) 8 warps tied,
-    at 40 (5120) they lost (layer_norm 85.3 -> 140.1).
+    where ``2 * element_size`` would leave it more (:func:`split_warps`).
+    That is the layer_norms' half-precision rows of 8192 + 4096 (N = 11008:
+    96 elements a thread in 4 warps), once their full block was unmasked;
+    H200, event time after an L2 flush, 4 -> 8 warps, µs
+    (``reports/h200/split-warps-session17.txt``): layer_norm bf16 16384 x
+    11008 224.2 -> 183.8, 1024 x 11008 21.5 -> 19.5, float16 221.0 -> 204.9,
+    add_layer_norm 1024 x 11008 31.4 -> 28.5 (16384 rows: 351.6 -> 348.7);
+    at 48 a thread (6000 in 4 warps) 8 warps tied, at 40 (5120) they lost
+    (layer_norm 85.3 -> 140.1), and so did rows of 8192 + 1024 (72 a thread)
+    and 8192 + 2048 (80), the first by far (8 -> 4 warps,
+    ``reports/h200/split-warps-session21.txt``): layer_norm bf16 16384 x
+    9000 300.6 -> 179.0, 16384 x 8400 281.9 -> 164.1, 4096 x 9000 80.0 ->
+    50.1, fp16 16384 x 9000 288.9 -> 203.7, add_layer_norm 16384 x 9000
+    331.7 -> 290.4, 1024 x 9000 30.1 -> 25.8; but 16384 x 10000 170.9 ->
+    187.4: up to 72 elements a thread.
     """
     rule = tuning.split_tail
     if rule is None or n <= max(rule.min_n, 1):
@@ -667,8 +701,16 @@ def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBl
     tail = next_pow2(n - full)
     if full > min(TAIL_MAX_BLOCK, cap) or tail > max_tail * full:
         return None
-    warps = max(2 * element_size, next_pow2(triton.cdiv(full + tail, 32 * SPLIT_MAX_PER_THREAD)))
-    return RowBlocks(1, full, warps, False, tail)
+    return RowBlocks(1, full, split_warps(full + tail, element_size), False, tail)
+
+
+def split_warps(elements: int, element_size: int) -> int:
+    """Warps for a row held whole as a block plus a tail of ``elements`` in all: ``2 x element_size``, or more.
+
+    More where a thread would hold over ``SPLIT_MAX_PER_THREAD`` elements: rows of 8192 + 4096
+    (96 a thread in 4 warps) get 8, rows of 8192 + 1024 (72) keep 4 (see :func:`_split_tail`).
+    """
+    return max(2 * element_size, next_pow2(triton.cdiv(elements, 32 * SPLIT_MAX_PER_THREAD)))
 
 
 # Triton's CPU interpreter truncates float32 -> bfloat16 (and mangles

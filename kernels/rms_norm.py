@@ -109,16 +109,22 @@ from ._rows import (
 # alike they tied or lost (16384 x 24000 399.2 -> 395.7, fp16 393.5 -> 403.2; 30000 484.2 ->
 # 551.2), and wider rows lost (40000: 647.4 -> 777.6, 50000: 876.2 -> 1043.9), as did 128 rows
 # and fewer (1 x 20000 6.1 -> 6.7, 128 x 20000 6.9 -> 7.7; uneven-decode-session19.txt).
-# Up to 4096 rows, uneven rows held whole as 8192 plus a tail beat the loop in 8 warps (RowTuning.uneven_split;
+# Up to 4096 rows, uneven rows held whole as 8192 plus a tail beat the loop (RowTuning.uneven_split, in 8 warps here;
 # H200, bf16, event time after an L2 flush, looped -> split, µs, reports/h200/uneven-split-session20.txt): 1024 x
 # 11008 17.6 -> 16.5, 4096 x 11008 52.0 -> 47.7, 64 x 11008 5.9 -> 5.3, 1 x 11008 6.1 -> 5.0, fp16 1024 x 11008
 # 17.3 -> 16.2, 1024 x 14336 21.0 -> 19.6, 4096 x 14336 63.2 -> 61.5, 1 x 14336 6.6 -> 5.4, 1024 x 12288 18.8 ->
 # 17.3, 1024 x 9000 22.0 -> 17.5, 1024 x 13000 27.9 -> 21.5 (256 x 11008 tied, 7.4 -> 7.3).  At 16384 rows the
-# loop stays: 14336 225.0 -> 227.9, 12288 193.5 -> 199.6, 11008 178.4 -> 175.9 (9000 254 -> 179 and 13000 340 ->
-# 265 gained, but there every other row starts 16 bytes past a 32-byte boundary, which slows every kernel here
-# 1.4-1.5x, reports/h200/row-alignment-session20.txt: a lead rather than a rule).
+# loop stays: 14336 225.0 -> 227.9, 12288 193.5 -> 199.6, 11008 178.4 -> 175.9.  (The rows of 9000 and 13000 then
+# lost a hint and loaded x 2 bytes at a time; see _rows.row_offsets.)  Rows of 8192 + 1024 take 4 warps (split_warps;
+# reports/h200/split-warps-session21.txt, 8 -> 4 warps): 1024 x 9000 15.7 -> 14.4, 4096 x 9000 49.7 -> 45.3, 1 x 9000
+# 5.6 -> 5.2, 64 x 9000 6.4 -> 5.8, 1024 x 8400 14.8 -> 13.6, fp16 1024 x 9000 15.3 -> 14.1.
+# More rows loop, in blocks of 4096 and 16 warps from 12289 columns (RowTuning.uneven_narrow): narrower rows padded
+# less by blocks of 2048 (up to 8192 + 1024) or fewer warps won (H200, event time after an L2 flush, 4096 x 16 ->
+# the rule, µs, reports/h200/uneven-narrow-session21.txt): bf16 16384 x 9000 165.7 -> 148.9 (2048 x 8), 16384 x 8400
+# 155.6 -> 137.9, 16384 x 11008 180.5 -> 174.8 (4096 x 8), 8192 x 11008 95.2 -> 92.5, fp16 16384 x 11008 177.1 ->
+# 173.7; 8 warps lost from 13000 (212.5 -> 217.8) and 14336 (224.7 -> 231.8).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
-                   uneven_split=(4096, 8),
+                   uneven_split=4096, uneven_narrow=((9216, 2048, 8), (12288, 4096, 8)),
                    half_short=HalfShort(20481, 4096, 16, min_rows=256),
                    split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768, wide_prefetch=1,
                    float32_wide_prefetch=2,
@@ -135,7 +141,8 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 65536 2241.6 -> 2153.2 µs, float16 2218.6 -> 2158.8, bf16 1024 x 65536 149.6 -> 142.1;
 # reports/h200/split-warps-session17.txt); plain rms_norm's did not gain (1276.9 ->
 # 1312.5, norm-configs-session17.txt).
-ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, uneven_split=None, half_short=None,
+ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, uneven_split=None, uneven_narrow=(),
+                             half_short=None,
                              split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),

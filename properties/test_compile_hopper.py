@@ -68,7 +68,11 @@ SCRIPT = textwrap.dedent(
         return sig
 
     def compile_ptx(fn, dtype, consts, num_warps, **options):
-        # Tensors are 16-byte aligned, as Triton specialises fresh allocations; integers unknown.
+        # Tensors are 16-byte aligned, as Triton specialises fresh allocations; integers unknown
+        # (the row strides of an unaligned width are not multiples of 16), but those equal to 1 are
+        # constexprs as Triton specialises them: the column strides, and D1 = D2 = 1 of a (rows, N)
+        # input, with which the row offset's terms fold (see _rows.row_offsets; with them passed
+        # as plain integers this check once passed while the H200 loaded such rows 2 bytes at a time).
         attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]]
                  for k in POINTERS + tuple(WORKSPACE) if k in fn.arg_names}
         src = ASTSource(fn=fn, signature=signature(fn, dtype, consts),
@@ -87,14 +91,14 @@ SCRIPT = textwrap.dedent(
                     consts["PRECISE"] = dtype == torch.float32
                 if b.wide:
                     fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch, ALIGN=min(n & -n, 16))
-                    consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
+                    consts.update({k: 1 for k in ("D1", "D2", "sxn", "srn", "swn", "sbn") if k in fn.arg_names})
                 else:
                     fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,
                                              ALIGN=min(n & -n, 16))  # contiguous (rows, n) inputs
                     if "EARLY" in fn.arg_names:  # the norms: vectors early at 8 rows, late at 16384
                         consts["EARLY"] = b.early
                     # column strides of 1, as Triton specialises them
-                    consts.update({k: 1 for k in ("sxn", "srn", "swn", "sbn") if k in fn.arg_names})
+                    consts.update({k: 1 for k in ("D1", "D2", "sxn", "srn", "swn", "sbn") if k in fn.arg_names})
                 key = (fn.__name__, dtype, tuple(sorted(consts.items())), b.num_warps)
                 if key in seen:
                     continue

@@ -89,28 +89,31 @@ def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
 
 
 @pytest.mark.parametrize("spec", [OPS["rms_norm"], OPS["softmax"]], ids=["rms_norm", "softmax"])
-@pytest.mark.parametrize("n", [11008, 14336])
+@pytest.mark.parametrize("n", [9000, 11008, 14336])
 def test_uneven_rows_loop(spec, n, fuseaudit_device):
     """Half-precision rows wider than 8192 and not a power of two take the looped kernel (RowTuning.uneven_block),
     softmax's in blocks of 8192 where those pad the row no more than blocks of 4096 (RowTuning.uneven_large: 14336
-    in two blocks, 11008 in three of 4096); rms_norm's up to 4096 rows are held whole as 8192 plus a tail in 8
-    warps instead (RowTuning.uneven_split).  Three rows go through each kernel the rules pick, against float64."""
+    in two blocks, 11008 in three of 4096); rms_norm's in 4096 x 16 warps from 12289 columns, narrower ones in 4096 x
+    8 or, up to 8192 + 1024, 2048 x 8 (RowTuning.uneven_narrow), and up to 4096 rows held whole as 8192 plus a tail
+    in 8 warps instead (RowTuning.uneven_split; rows of 8192 + 1024 in 4, see test_split_warps).  Three rows go
+    through each kernel the rules pick, against float64."""
     from fuseaudit.kernels import _launch, _rows, rms_norm, softmax
 
     from fuseaudit.case import Case
 
     module = {"rms_norm": rms_norm, "softmax": softmax}[spec.name]
     tuning = module.TUNING
-    measured = {("rms_norm", 11008): (4096, 16), ("rms_norm", 14336): (4096, 16),
-                ("softmax", 11008): (4096, 4), ("softmax", 14336): (8192, 8)}
+    measured = {("rms_norm", 9000): (2048, 8), ("rms_norm", 11008): (4096, 8), ("rms_norm", 14336): (4096, 16),
+                ("softmax", 9000): (4096, 4), ("softmax", 11008): (4096, 4), ("softmax", 14336): (8192, 8)}
     blocks = _rows.row_block_config(16384, n, 2, tuning)
     assert (blocks.block_n, blocks.num_warps, blocks.wide) == (*measured[spec.name, n], True)
-    assert tuning.uneven_split == ((4096, 8) if spec.name == "rms_norm" else None), "as measured"
+    assert tuning.uneven_split == (4096 if spec.name == "rms_norm" else None), "as measured"
     few = _rows.row_block_config(3, n, 2, tuning)
     if spec.name == "rms_norm":
         assert _rows.row_block_config(4096, n, 2, tuning) == few._replace(early=False)
         assert _rows.row_block_config(4097, n, 2, tuning).wide
-        assert (few.block_n, few.block_t, few.num_warps, few.wide) == (8192, _rows.next_pow2(n - 8192), 8, False)
+        tail = _rows.next_pow2(n - 8192)
+        assert (few.block_n, few.block_t, few.num_warps, few.wide) == (8192, tail, 4 if tail <= 1024 else 8, False)
     else:
         assert few == blocks._replace(early=few.early)
     loop = tuning._replace(uneven_split=None)
@@ -560,13 +563,16 @@ def test_short_half_rows(op, fuseaudit_device):
 
 def test_split_warps():
     """A split row gets ``2 x element size`` warps, more where a thread would hold over ``SPLIT_MAX_PER_THREAD``
-    elements: the layer_norms' half-precision rows of 8192 + 4096 (N = 11008) in 8 warps, 5120 and 6000 in 4."""
-    from fuseaudit.kernels import _rows, layer_norm
+    elements: the layer_norms' half-precision rows of 8192 + 4096 (N = 11008) and 8192 + 2048 in 8 warps, 8192 +
+    1024 (9000), 5120 and 6000 in 4; rms_norm's uneven rows held whole (RowTuning.uneven_split) alike."""
+    from fuseaudit.kernels import _rows, layer_norm, rms_norm
 
-    for tuning in (layer_norm.TUNING, layer_norm.ADD_TUNING):
-        for n, element_size, warps in ((11008, 2, 8), (12000, 2, 8), (5120, 2, 4), (6000, 2, 4), (3000, 2, 4),
-                                       (11008, 4, 8), (5120, 4, 8)):
-            blocks = _rows.row_block_config(16384, n, element_size, tuning)
+    cases = ((11008, 2, 8), (12000, 2, 8), (10000, 2, 8), (9000, 2, 4), (8200, 2, 4), (5120, 2, 4), (6000, 2, 4),
+             (3000, 2, 4), (11008, 4, 8), (5120, 4, 8))
+    for tuning, rows, widths in ((layer_norm.TUNING, 16384, cases), (layer_norm.ADD_TUNING, 16384, cases),
+                                 (rms_norm.TUNING, 1024, ((9000, 2, 4), (11008, 2, 8), (14336, 2, 8)))):
+        for n, element_size, warps in widths:
+            blocks = _rows.row_block_config(rows, n, element_size, tuning)
             assert blocks.block_t and not blocks.wide, (n, element_size)
             assert blocks.num_warps == warps, (n, element_size, blocks)
             per_thread = (blocks.block_n + blocks.block_t) / (32 * blocks.num_warps)
