@@ -5,7 +5,9 @@ row stride ``n + pad``: the same kernel, tile and ``ALIGN`` (the divisor of
 ``n`` and the stride) at ``n = 9000`` with stride 9000 (rows 16 bytes past a
 32-byte boundary every other row) and stride 9024 (every row 128-byte
 aligned).  Ours (the library) against ``torch.compile``, event time after an
-L2 flush, three interleaved rounds.
+L2 flush, three interleaved rounds.  (It found ours 1.4-1.5x slower at the
+odd stride; ncu then showed why: the hint behind ``ALIGN`` had folded away,
+see ``_rows.row_offsets`` and ``reports/h200/align-fold-session21.txt``.)
 """
 
 from __future__ import annotations

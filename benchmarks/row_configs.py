@@ -3,7 +3,9 @@
     python benchmarks/row_configs.py POINTS.txt
 
 Each line of ``POINTS.txt`` is ``op dtype rows N cand ...`` (``#`` starts a
-comment), a candidate one of:
+comment); ``N/S`` for N gives the inputs of shape ``(rows, N)`` a row stride of
+``S`` elements (sliced from ``(rows, S)``), e.g. to tell a row alignment's
+effect from the width's.  A candidate is one of:
 
 * ``w:M:BN:W`` -- whole rows, ``BLOCK_M = M`` rows of ``BLOCK_N = BN`` in ``W`` warps;
 * ``t:BN:BT:W`` -- whole rows as a block of ``BN`` plus a tail block of ``BT`` (see ``_rows.RowBlocks``);
@@ -95,12 +97,26 @@ def candidate_call(spec: OpSpec, module: ModuleType, args: list[torch.Tensor], p
     return (lambda: launch(*tensors)), tensors[Y_INDEX[spec.name]]
 
 
+def restride(t: torch.Tensor, stride: int) -> torch.Tensor:
+    """``t`` if it is a vector, else a copy of its ``(rows, N)`` values whose rows are ``stride`` apart."""
+    if t.dim() != 2:
+        return t
+    if stride < t.shape[1]:
+        raise ValueError(f"a row stride of {stride} is narrower than the rows ({t.shape[1]})")
+    buf = torch.empty(t.shape[0], stride, dtype=t.dtype, device=t.device)
+    buf[:, : t.shape[1]] = t
+    return buf[:, : t.shape[1]]
+
+
 def probe(line: list[str]) -> str:
     """One point: every candidate that computes the library's output, timed beside the library and compile."""
-    op, dtype, rows, n, *names = line
+    op, dtype, rows, width, *names = line
+    n, _, stride = width.partition("/")
     spec, module = OPS[op], MODULES[op]
     point = _rows_point(spec, int(rows), int(n), dtype)
     inputs = bench_inputs(point.case, "cuda")
+    if stride:
+        inputs = {k: restride(t, int(stride)) for k, t in inputs.items()}
     params = dict(point.params)
     reference = build(Contender("reference", "fused"), spec, point, inputs)
     compiled = build(Contender("compile", "compile"), spec, point, inputs)
@@ -126,7 +142,7 @@ def probe(line: list[str]) -> str:
     us = {label: (float("nan") if isinstance(t, Exception) else t.median_us) for label, t in zip(labels, timings)}
     ref_us = us.pop("compile")
     cells = "  ".join(f"{label} {t:.2f} ({ref_us / t:.3f}x)" for label, t in us.items())
-    return f"{op} {dtype} {rows}x{n}: compile {ref_us:.2f} | {cells}"
+    return f"{op} {dtype} {rows}x{width}: compile {ref_us:.2f} | {cells}"
 
 
 def main(argv: list[str] | None = None) -> int:
