@@ -685,13 +685,13 @@ def _split_tail(n: int, element_size: int, tuning: RowTuning, cap: int) -> RowBl
     11008 224.2 -> 183.8, 1024 x 11008 21.5 -> 19.5, float16 221.0 -> 204.9,
     add_layer_norm 1024 x 11008 31.4 -> 28.5 (16384 rows: 351.6 -> 348.7);
     at 48 a thread (6000 in 4 warps) 8 warps tied, at 40 (5120) they lost
-    (layer_norm 85.3 -> 140.1), and so did rows of 8192 + 1024 (72 a thread)
-    and 8192 + 2048 (80), the first by far (8 -> 4 warps,
-    ``reports/h200/split-warps-session21.txt``): layer_norm bf16 16384 x
-    9000 300.6 -> 179.0, 16384 x 8400 281.9 -> 164.1, 4096 x 9000 80.0 ->
-    50.1, fp16 16384 x 9000 288.9 -> 203.7, add_layer_norm 16384 x 9000
-    331.7 -> 290.4, 1024 x 9000 30.1 -> 25.8; but 16384 x 10000 170.9 ->
-    187.4: up to 72 elements a thread.
+    (layer_norm 85.3 -> 140.1), and so did they, by far, at 72 a thread
+    (8192 + 1024; 8 -> 4 warps, ``reports/h200/split-warps-session21.txt``):
+    layer_norm bf16 16384 x 9000 300.6 -> 179.0, 16384 x 8400 281.9 ->
+    164.1, 4096 x 9000 80.0 -> 50.1, fp16 16384 x 9000 288.9 -> 203.7,
+    add_layer_norm 16384 x 9000 331.7 -> 290.4, 1024 x 9000 30.1 -> 25.8.
+    At 80 (8192 + 2048) 8 warps won (layer_norm 16384 x 10000 170.9 against
+    187.4 in 4): up to 72 elements a thread.
     """
     rule = tuning.split_tail
     if rule is None or n <= max(rule.min_n, 1):
