@@ -148,6 +148,23 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
                              half_long=(65536, 16384, 16))
 
+# The looped kernel stores y evict-first (L2 lines it would otherwise hold go
+# to the rows whose second read is still to come) in rows of this many bytes
+# and more, without a residual.  H200, event time after an L2 flush, three
+# interleaved rounds, plain store -> evict_first (reports/h200/store-hints*-session22.txt):
+# bf16 16384 x 65536 1274.1 -> 1223.7 µs, 1024 x 65536 85.2 -> 81.9, 256 x 65536
+# 26.8 -> 25.4, fp16 16384 x 65536 1266.6 -> 1218.8; narrower rows tied or lost
+# (16384 x 32768 504.1 -> 501.2, 16384 x 40000 644.9 -> 630.1 but 1024 x 40000
+# 49.4 -> 49.9, 16384 x 11008 174.9 -> 178.1), and so did add_rms_norm (bf16
+# 16384 x 65536 2168.2 -> 2205.5).  (In layer_norm's looped kernel the same hint
+# cost bf16 16384 x 65536 1305 -> 1634 and ".cs" stores split by dtype.)
+STREAM_Y_MIN_BYTES = 128 * 1024
+
+
+def stream_y(n: int, element_size: int, residual: bool) -> bool:
+    """Whether the looped kernel stores ``y`` evict-first (see ``STREAM_Y_MIN_BYTES``)."""
+    return not residual and n * element_size >= STREAM_Y_MIN_BYTES
+
 
 @triton.jit
 def _load_w(W, cols, N, swn):
@@ -234,6 +251,7 @@ def rms_norm_wide_kernel(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
     ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
+    STREAM_Y: tl.constexpr,  # store y evict-first (rows of STREAM_Y_MIN_BYTES and more, see there)
 ):
     # One row per program, BLOCK_N < N columns at a time.
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
@@ -284,7 +302,10 @@ def rms_norm_wide_kernel(
             x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL)
             w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
         y = x.to(tl.float32) * rstd * w.to(tl.float32)
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
+        if STREAM_Y:  # y is not read again here: L2 keeps the rows that pass 2 has yet to re-read
+            tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N, eviction_policy="evict_first")
+        else:
+            tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -377,7 +398,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     if blocks.wide:
         plan = Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), STREAM_Y=stream_y(n, x.element_size(), residual is not None),
+                    num_warps=blocks.num_warps)
     else:
         plan = Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),
                     layout.rows, n, d1, d2, *sx, *sr, weight.stride(0), float(eps),

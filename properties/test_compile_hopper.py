@@ -91,6 +91,8 @@ SCRIPT = textwrap.dedent(
                     consts["PRECISE"] = dtype == torch.float32
                 if b.wide:
                     fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch, ALIGN=min(n & -n, 16))
+                    if module is rms_norm:  # y stored evict-first in the widest rows
+                        consts["STREAM_Y"] = rms_norm.stream_y(n, dtype.itemsize, extra["HAS_RESIDUAL"])
                     consts.update({k: 1 for k in ("D1", "D2", "sxn", "srn", "swn", "sbn") if k in fn.arg_names})
                 else:
                     fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -577,3 +578,28 @@ def test_split_warps():
             assert blocks.num_warps == warps, (n, element_size, blocks)
             per_thread = (blocks.block_n + blocks.block_t) / (32 * blocks.num_warps)
             assert per_thread <= _rows.SPLIT_MAX_PER_THREAD
+
+
+def test_rms_norm_streams_wide_rows(fuseaudit_device):
+    """rms_norm's looped kernel stores ``y`` evict-first in rows of ``STREAM_Y_MIN_BYTES`` (128 KiB: half-precision
+    rows of 65536) and more, add_rms_norm's never (both measured on the H200, see rms_norm.py).  With the limit
+    lowered to 512 bytes and the cap to 256, bfloat16 rows of 300 go through the looped kernel both ways (the plan
+    says which) against float64; rows of 200 stay below the limit."""
+    from fuseaudit.kernels import _launch, _rows, rms_norm
+
+    from fuseaudit.case import Case
+
+    assert rms_norm.STREAM_Y_MIN_BYTES == 128 * 1024, "as measured"
+    assert rms_norm.stream_y(65536, 2, False) and rms_norm.stream_y(131072, 2, False)
+    assert not rms_norm.stream_y(40000, 2, False) and not rms_norm.stream_y(65536, 2, True)
+    with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(rms_norm, STREAM_Y_MIN_BYTES=512):
+        for op, n, streams in (("rms_norm", 300, True), ("rms_norm", 200, False), ("add_rms_norm", 300, False)):
+            spec = OPS[op]
+            case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
+                        layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(), seed=n)
+            x = torch.randn(3, n, dtype=torch.bfloat16, device=fuseaudit_device)
+            weight = torch.ones(n, dtype=torch.bfloat16, device=fuseaudit_device)
+            plan = rms_norm._plan(op, x, x if op == "add_rms_norm" else None, weight, 1e-6)
+            assert plan.kernel is rms_norm.rms_norm_wide_kernel and plan.meta["STREAM_Y"] is streams, (op, n)
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
