@@ -380,7 +380,9 @@ class TwoBlocks(NamedTuple):
     1024: 13.8 -> 15.0), not for softmax in float32 (4096 rows 73.9 -> 70.6,
     2048 41.4 -> 39.5; at 1024 a tie, 24.3 -> 24.0, and 24.3 µs either way
     in ``fuseaudit bench``).  The residual variants, softmax in half
-    precision, and rows of 4096 or 16384 elements lost or tied.
+    precision, and rows of 4096 or 16384 elements lost or tied; once the
+    looped softmax stored y evict-first, its half-precision rows of 16384
+    won in two blocks of 8192 (see its TUNING).
     """
 
     min_rows: int
@@ -434,6 +436,20 @@ class HalfShort(NamedTuple):
 
     max_n: int
     block: int
+    warps: int
+    min_rows: int
+
+
+class PairedRows(NamedTuple):
+    """Half-precision rows of exactly ``n`` elements, ``min_rows`` or more: two a program, ``warps`` warps.
+
+    The tile rule (``ROW_TILE``, ``MIN_PROGRAMS``) gives such rows one
+    program each, and every program loads the whole weight: as many bytes
+    again as its row.  Two rows a program load it once for both.  Each op's
+    tuning says what it measured; elsewhere two rows a program tied or lost.
+    """
+
+    n: int
     warps: int
     min_rows: int
 
@@ -531,6 +547,8 @@ class RowTuning(NamedTuple):
     # whole, get ``warps`` warps from min_rows rows on (before two_blocks takes
     # them, if it does); None: the elements_per_thread rule.
     float32_cap_warps: tuple[int, int] | None = None
+    # Half-precision rows exactly this wide, held whole two a program (see PairedRows); None: the tile rule.
+    paired_rows: PairedRows | None = None
 
 
 class RowBlocks(NamedTuple):
@@ -635,6 +653,9 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
                 _, block, warps = tuning.half_long_few
             return RowBlocks(1, block, warps, True, prefetch=prefetch)
         return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True, prefetch=prefetch)
+    pair = tuning.paired_rows
+    if pair and element_size == 2 and n == pair.n and rows >= pair.min_rows and not interpreter:
+        return RowBlocks(2, n, pair.warps, False)
     by_tile = max(ROW_TILE // block_n, 1)
     by_grid = max(rows // MIN_PROGRAMS, 1)
     block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two

@@ -61,6 +61,7 @@ from ._rows import (
     FLOAT32_WHOLE_MAX,
     HalfShort,
     ManyRows,
+    PairedRows,
     RowTuning,
     TailSplit,
     TwoBlocks,
@@ -123,13 +124,21 @@ from ._rows import (
 # the rule, µs, reports/h200/uneven-narrow-session21.txt): bf16 16384 x 9000 165.7 -> 148.9 (2048 x 8), 16384 x 8400
 # 155.6 -> 137.9, 16384 x 11008 180.5 -> 174.8 (4096 x 8), 8192 x 11008 95.2 -> 92.5, fp16 16384 x 11008 177.1 ->
 # 173.7; 8 warps lost from 13000 (212.5 -> 217.8) and 14336 (224.7 -> 231.8).
+# Rows of exactly 4096 in half precision, from 1024 rows, are held two a program in 8 warps (RowTuning.paired_rows):
+# each program then loads the weight once for two rows.  H200, event time after an L2 flush, one row a program in 4
+# warps -> two in 8, µs (reports/h200/row-configs-small-session22.txt, row-configs-two-rows-session22.txt): bf16 1024
+# x 4096 8.54 -> 7.94 and 8.38 -> 7.84 (torch.compile 8.29, 8.10), 4096 x 4096 22.05 -> 21.15, 16384 x 4096 70.21 ->
+# 69.02.  Rows of 2048 tied (1024 x 2048 6.29 -> 6.27, 16384 x 2048 36.46 -> 36.48), rows of 8192 lost (1024 x 8192
+# 12.90 -> 13.18, 16384 x 8192 130.0 -> 134.0), and so did four rows a program (1024 x 4096 in 16 warps 8.32) and
+# add_rms_norm (1024 x 4096 12.90 -> 12.74, 16384 x 4096 135.49 -> 135.58: a tie; not taken).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
                    uneven_split=4096, uneven_narrow=((9216, 2048, 8), (12288, 4096, 8)),
                    half_short=HalfShort(20481, 4096, 16, min_rows=256),
                    split_tail=TailSplit(max_tail=0.25), float32_whole_from=32768, wide_prefetch=1,
                    float32_wide_prefetch=2,
                    two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2),
-                   float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 8192, 8, 2))
+                   float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 8192, 8, 2),
+                   paired_rows=PairedRows(4096, 8, 1024))
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
@@ -146,7 +155,7 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
                              split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
-                             half_long=(65536, 16384, 16))
+                             half_long=(65536, 16384, 16), paired_rows=None)
 
 # The looped kernel stores y evict-first (L2 lines it would otherwise hold go
 # to the rows whose second read is still to come) in rows of this many bytes

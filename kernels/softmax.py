@@ -99,6 +99,12 @@ from ._rows import (
 # 21.6 -> 21.7), 1024 x 14336 lost 2-3% (bf16 22.4 -> 22.9, fp16 22.0 -> 22.6), and decode rows
 # won (1 x 14336 7.5 -> 6.4, 64 x 14336 7.8 -> 6.7; uneven-decode-session19.txt); at 11008
 # (12288 columns in blocks of 4096, 16384 in 8192) 8192 lost, 188.4 -> 229.3.
+# From 2048 rows, half-precision rows of exactly 16384 loop over two blocks of 8192 in 8 warps, without prefetching
+# (see _rows.TwoBlocks; they lost so while the looped kernel stored y plainly): H200, event time after an L2 flush,
+# whole in 32 warps -> two blocks, µs (reports/h200/row-configs-softmax-two-session22.txt): bf16 16384 x 16384 276.1
+# -> 258.2 (prefetching 287.3; in 16 warps 302.8), 8192 rows 142.3 -> 133.3, 4096 73.7 -> 70.6, 2048 40.3 -> 39.5;
+# fp16 16384 x 16384 276.7 -> 264.2, 4096 73.7 -> 71.9; 1024 rows lost (bf16 23.4 -> 23.9, fp16 23.3 -> 23.5), as
+# did 256 (8.8 -> 9.8) and 64 (6.9 -> 7.7).
 # float32 rows of 8192 held whole run in 32 warps from 256 rows (RowTuning.float32_cap_warps; below the 2048
 # rows that loop in two blocks): H200, event time after an L2 flush, 16 -> 32 warps, µs
 # (reports/h200/uneven-split-session20.txt): 1024 rows 23.0 -> 22.2, 23.6 -> 22.2, 23.6 -> 22.1 (three runs),
@@ -107,6 +113,7 @@ TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_bl
                    uneven_large=(8192, 8), float32_cap_warps=(256, 32),
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
+                   two_blocks=TwoBlocks(2048, 8192, 8, 0),
                    half_long=(65536, 16384, 16), half_long_few=(128, 32768, 32))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and

@@ -434,9 +434,10 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
 
 @pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax"])
 def test_two_blocks_with_many_rows(op, fuseaudit_device):
-    """Rows of exactly two ``RowTuning.two_blocks`` blocks loop over them from ``min_rows`` rows: rms_norm in both
-    precisions, softmax in float32; the rest (and fewer rows, and other widths) keep their rules.  Three strided
-    rows of 8192 with ``min_rows`` lowered to 3, through whichever path that picks, against float64."""
+    """Rows of exactly two ``RowTuning.two_blocks`` blocks loop over them from ``min_rows`` rows: rms_norm's rows of
+    8192 in both precisions, softmax's of 8192 in float32 and of 16384 in half precision; the rest (and fewer rows,
+    and other widths) keep their rules.  Three strided rows of that width (8192 where no rule applies) with
+    ``min_rows`` lowered to 3, through whichever path that picks, against float64."""
     import importlib
 
     from fuseaudit.kernels import _coop, _launch, _rows
@@ -447,27 +448,30 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
     module = importlib.import_module(spec.reference.split(":")[0])
     attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
     tuning = getattr(module, attr)
-    loops = {"rms_norm": {2: (8192, 4096, 8, 1), 4: (8192, 4096, 16, 2)}, "softmax": {4: (2048, 4096, 8, 1)}}
+    loops = {"rms_norm": {2: (8192, 4096, 8, 1), 4: (8192, 4096, 16, 2)},
+             "softmax": {2: (2048, 8192, 8, 0), 4: (2048, 4096, 8, 1)}}
     loops = loops.get(op, {})
     plain = tuning._replace(two_blocks=None, float32_two_blocks=None)
+    width = {}
     for size in (2, 4):
         two = tuning.float32_two_blocks if size == 4 else tuning.two_blocks
         assert (two and tuple(two)) == loops.get(size), "the measured rule (see TwoBlocks)"
         many = two.min_rows if two else 16384
-        blocks = _rows.row_block_config(many, 8192, size, tuning)
+        n = width[size] = 2 * two.block if two else 8192
+        blocks = _rows.row_block_config(many, n, size, tuning)
         if two:
             assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == tuple(two)[1:]
-        for rows, n in ((many - 1, 8192), (many, 4096), (many, 8000), (many, 16384)):  # fewer rows, other widths
-            assert _rows.row_block_config(rows, n, size, tuning) == _rows.row_block_config(rows, n, size, plain)
+        for rows, m in ((many - 1, n), (many, n // 2), (many, n - 192), (many, 2 * n)):  # fewer rows, other widths
+            assert _rows.row_block_config(rows, m, size, tuning) == _rows.row_block_config(rows, m, size, plain)
     for dtype, size in (("bfloat16", 2), ("float32", 4)):
-        case = Case(op=op, dtype=dtype, dims={"lead": (3,), "N": 8192}, regime="normal",
+        case = Case(op=op, dtype=dtype, dims={"lead": (3,), "N": width[size]}, regime="normal",
                     layouts={name: "transposed" if size == 2 else "padded" for name in spec.input_names},
                     params=spec.defaults(), seed=5)
         lowered = tuning._replace(**{k: v and v._replace(min_rows=3) for k, v in
                                      (("two_blocks", tuning.two_blocks),
                                       ("float32_two_blocks", tuning.float32_two_blocks))})
         with _launch.retuned(module, **{attr: lowered}), _launch.retuned(_coop, ENABLED=False):
-            assert _rows.row_block_config(3, 8192, size, lowered).wide == (size in loops)
+            assert _rows.row_block_config(3, width[size], size, lowered).wide == (size in loops)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
 
@@ -603,3 +607,35 @@ def test_rms_norm_streams_wide_rows(fuseaudit_device):
             assert plan.kernel is rms_norm.rms_norm_wide_kernel and plan.meta["STREAM_Y"] is streams, (op, n)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
+
+
+def test_paired_rows(fuseaudit_device):
+    """rms_norm's half-precision rows of exactly 4096, from 1024 rows, are held two a program in 8 warps
+    (``RowTuning.paired_rows``, measured on the H200); rows of 2048 and 8192, fewer rows, float32 and add_rms_norm
+    keep the tile rule (one row a program), and the interpreter its own tiles.  1024 rows of 4096 in bfloat16 and
+    float16 then go through rms_norm against float64 (on a GPU two rows a program, on the CPU in the interpreter's
+    tiles)."""
+    from fuseaudit.kernels import _rows, rms_norm
+
+    from fuseaudit.case import Case
+
+    assert rms_norm.TUNING.paired_rows == (4096, 8, 1024) and rms_norm.ADD_TUNING.paired_rows is None, "as measured"
+
+    def config(rows, n, size, tuning=rms_norm.TUNING, interpreter=False):
+        return _rows._row_block_config(rows, n, size, tuning, _rows.MAX_FUSED_BYTES, interpreter)
+
+    assert config(1024, 4096, 2)[:4] == (2, 4096, 8, False) and config(16384, 4096, 2).block_m == 2
+    for rows, n, size in ((1023, 4096, 2), (1024, 2048, 2), (1024, 8192, 2), (1024, 4096, 4)):
+        assert config(rows, n, size).block_m == 1, (rows, n, size)
+    assert config(1024, 4096, 2, rms_norm.ADD_TUNING).block_m == 1
+    assert config(1024, 4096, 2, interpreter=True) == config(1024, 4096, 2, rms_norm.TUNING._replace(paired_rows=None),
+                                                             interpreter=True)
+    spec = OPS["rms_norm"]
+    for dtype in ("bfloat16", "float16"):
+        case = Case(op="rms_norm", dtype=dtype, dims={"lead": (1024,), "N": 4096},
+                    layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=4096)
+        run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                 target=spec.reference).raise_for_failures()
+    x = torch.zeros(1024, 4096, dtype=torch.bfloat16, device=fuseaudit_device)
+    plan = rms_norm._plan("rms_norm", x, None, x[0], 1e-6)
+    assert plan.meta["BLOCK_M"] == config(1024, 4096, 2, interpreter=_rows.interpreting()).block_m
