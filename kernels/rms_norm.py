@@ -129,8 +129,8 @@ from ._rows import (
 # warps -> two in 8, µs (reports/h200/row-configs-small-session22.txt, row-configs-two-rows-session22.txt): bf16 1024
 # x 4096 8.54 -> 7.94 and 8.38 -> 7.84 (torch.compile 8.29, 8.10), 4096 x 4096 22.05 -> 21.15, 16384 x 4096 70.21 ->
 # 69.02.  Rows of 2048 tied (1024 x 2048 6.29 -> 6.27, 16384 x 2048 36.46 -> 36.48), rows of 8192 lost (1024 x 8192
-# 12.90 -> 13.18, 16384 x 8192 130.0 -> 134.0), and so did four rows a program (1024 x 4096 in 16 warps 8.32) and
-# add_rms_norm (1024 x 4096 12.90 -> 12.74, 16384 x 4096 135.49 -> 135.58: a tie; not taken).
+# 12.90 -> 13.18, 16384 x 8192 130.0 -> 134.0), four rows a program did less well (1024 x 4096 in 16 warps 8.32),
+# and add_rms_norm tied (1024 x 4096 12.90 -> 12.74, 16384 x 4096 135.49 -> 135.58; not taken).
 TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_block=4096, uneven_warps=16,
                    uneven_split=4096, uneven_narrow=((9216, 2048, 8), (12288, 4096, 8)),
                    half_short=HalfShort(20481, 4096, 16, min_rows=256),
