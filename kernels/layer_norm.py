@@ -152,8 +152,13 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # 160.1; reports/h200/split-warps-session17.txt).  Its pass 1 keeps Chan's formula: with
 # shifted sums it did not gain (16384 x 65536: 2295.1 Chan, 2295.2 shifted in 8192 x 32
 # warps, 2339.8 in 16384 x 16; 1024 rows 159.7, 156.7, 156.9; lnw-ab-session18.txt).
+# Its float32 rows of 8192 (the cap), held whole, run in 16 warps from 256 rows (RowTuning.float32_cap_warps; H200,
+# event time after an L2 flush, 8 -> 16 warps, µs, reports/h200/row-configs-small-session22.txt,
+# row-configs-fp32-add-session22.txt): 16384 rows 539.5 -> 524.7 and 540.5 -> 522.6 (32 warps 523.1, 522.9), 4096
+# rows 140.9 -> 136.5, 1024 rows 40.5 -> 39.6, 256 rows 13.70 -> 13.41.  (Plain layer_norm tied, 265.3 -> 265.0, and
+# add_rms_norm too, 526.3 -> 527.4.)
 ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
-                             half_short=None, half_long=(65536, 16384, 16))
+                             half_short=None, half_long=(65536, 16384, 16), float32_cap_warps=(256, 16))
 
 # The cooperative kernel loads weight and bias before it waits for the row's
 # other programs when its chunk is at most this many elements.  Larger

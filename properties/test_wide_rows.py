@@ -130,27 +130,39 @@ def test_uneven_rows_loop(spec, n, fuseaudit_device):
                          target=spec.reference).raise_for_failures()
 
 
-def test_float32_cap_warps():
-    """softmax's float32 rows of 8192 (the cap) held whole get 32 warps from 256 rows (RowTuning.float32_cap_warps)
-    until 2048, where they loop in two blocks; fewer rows, other widths, half precision and the other ops keep the
-    elements_per_thread rule (16 warps).  The GPU's choice: the interpreter's programs take many rows each."""
+def test_float32_cap_warps(fuseaudit_device):
+    """Float32 rows of 8192 (the cap) held whole get more warps from 256 rows (RowTuning.float32_cap_warps):
+    softmax's 32 until 2048, where they loop in two blocks, add_layer_norm's 16; fewer rows, other widths, half
+    precision and the other ops keep the elements_per_thread rule (softmax 16 warps, the layer_norms 8).  The GPU's
+    choice: the interpreter's programs take many rows each.  256 such rows then go through both ops against
+    float64."""
     from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
+
+    from fuseaudit.case import Case
 
     def gpu(rows, n, size, tuning):
         return _rows._row_block_config(rows, n, size, tuning, _rows.MAX_FUSED_BYTES, False)
 
-    tuning = softmax.TUNING
-    assert tuning.float32_cap_warps == (256, 32), "as measured"
-    for rows in (256, 1024, 2047):
-        assert gpu(rows, 8192, 4, tuning) == _rows.RowBlocks(1, 8192, 32, False), rows
-    assert gpu(2048, 8192, 4, tuning).wide  # TwoBlocks
-    plain = tuning._replace(float32_cap_warps=None)
-    for rows, n, size in ((255, 8192, 4), (1, 8192, 4), (1024, 4096, 4), (1024, 6000, 4), (1024, 8192, 2),
-                          (1024, 16384, 2), (2048, 8192, 4)):
-        assert gpu(rows, n, size, tuning) == gpu(rows, n, size, plain), (rows, n, size)
-    assert gpu(255, 8192, 4, tuning).num_warps == gpu(1024, 8192, 4, plain).num_warps == 16
-    for other in (rms_norm.TUNING, rms_norm.ADD_TUNING, layer_norm.TUNING, layer_norm.ADD_TUNING):
+    for tuning, warps, loops_from, default in ((softmax.TUNING, 32, 2048, 16), (layer_norm.ADD_TUNING, 16, None, 8)):
+        assert tuning.float32_cap_warps == (256, warps), "as measured"
+        for rows in (256, 1024, 2047, 16384):
+            if loops_from and rows >= loops_from:
+                assert gpu(rows, 8192, 4, tuning).wide  # TwoBlocks
+            else:
+                assert gpu(rows, 8192, 4, tuning) == _rows.RowBlocks(1, 8192, warps, False), rows
+        plain = tuning._replace(float32_cap_warps=None)
+        for rows, n, size in ((255, 8192, 4), (1, 8192, 4), (1024, 4096, 4), (1024, 6000, 4), (1024, 8192, 2),
+                              (1024, 16384, 2)):
+            assert gpu(rows, n, size, tuning) == gpu(rows, n, size, plain), (rows, n, size)
+        assert gpu(255, 8192, 4, tuning).num_warps == gpu(1024, 8192, 4, plain).num_warps == default
+    for other in (rms_norm.TUNING, rms_norm.ADD_TUNING, layer_norm.TUNING):
         assert other.float32_cap_warps is None
+    for op in ("softmax", "add_layer_norm"):
+        spec = OPS[op]
+        case = Case(op=op, dtype="float32", dims={"lead": (256,), "N": 8192},
+                    layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=8192)
+        run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                 target=spec.reference).raise_for_failures()
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
