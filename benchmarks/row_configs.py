@@ -9,7 +9,8 @@ effect from the width's.  A candidate is one of:
 
 * ``w:M:BN:W`` -- whole rows, ``BLOCK_M = M`` rows of ``BLOCK_N = BN`` in ``W`` warps;
 * ``t:BN:BT:W`` -- whole rows as a block of ``BN`` plus a tail block of ``BT`` (see ``_rows.RowBlocks``);
-* ``l:BN:W:P`` -- the looped kernel in blocks of ``BN``, ``W`` warps, prefetching in ``P`` passes;
+* ``l:BN:W:P`` -- the looped kernel in blocks of ``BN``, ``W`` warps, prefetching in ``P`` passes
+  (``l:BN:W:P:BS``: pass 1 in blocks of ``BS``, see ``_rows.StatsBlock``);
 * ``aK`` -- the library's own blocks with ``ALIGN`` forced to ``K`` (``a1``: rows read as unaligned).
 
 Every candidate is the plan the op's wrapper builds with those blocks (the
@@ -59,9 +60,9 @@ def parse_candidate(text: str, rows: int) -> _rows.RowBlocks | int:
         return _rows.RowBlocks(v[0], v[1], v[2], False, early=early)
     if kind == "t" and len(v) == 3:
         return _rows.RowBlocks(1, v[0], v[2], False, v[1], early=early)
-    if kind == "l" and len(v) == 3:
-        return _rows.RowBlocks(1, v[0], v[1], True, prefetch=v[2])
-    raise ValueError(f"not a candidate: {text!r} (w:M:BN:W, t:BN:BT:W, l:BN:W:P or aK)")
+    if kind == "l" and len(v) in (3, 4):
+        return _rows.RowBlocks(1, v[0], v[1], True, prefetch=v[2], block_s=v[3] if len(v) == 4 else 0)
+    raise ValueError(f"not a candidate: {text!r} (w:M:BN:W, t:BN:BT:W, l:BN:W:P[:BS] or aK)")
 
 
 def candidate_call(spec: OpSpec, module: ModuleType, args: list[torch.Tensor], params: dict[str, Any],

@@ -298,20 +298,52 @@ def load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL: tl.constexpr)
 
 
 @triton.jit
-def load_back_block(x_row, h_row, cols, N, sxn, HAS_RESIDUAL: tl.constexpr):
+def vector_sums(v, VECTORS: tl.constexpr, VEC: tl.constexpr):
+    """``v`` (a 1-D block) summed over each run of ``VEC`` neighbours if ``VECTORS``, else ``v`` itself.
+
+    A thread holds runs of 16 bytes of a loaded row (8 half-precision or 4
+    float32 elements, its vector loads), so with ``VEC`` that wide the sums
+    stay within threads: a running sum per vector rather than per element,
+    an eighth of the registers in half precision (see StatsBlock).
+    """
+    if VECTORS:
+        v = tl.sum(tl.reshape(v, [v.shape[0] // VEC, VEC]), axis=1)
+    return v
+
+
+@triton.jit
+def load_back_block(x_row, h_row, cols, N, sxn, HAS_RESIDUAL: tl.constexpr, EVEN: tl.constexpr = False):
     """Pass 2 of a looped kernel: columns ``cols`` of the row it normalises, 0 outside ``[0, N)``.
 
     That row is ``h`` (contiguous, at ``h_row``) with a residual, ``x``
     without one; this is its last read, so it goes first from L2.  Pass 2
     walks the row backwards and loads the block before this one ahead of
-    time, hence the mask below 0.
+    time, hence the mask below 0.  ``EVEN``: ``cols`` lie within the row (see
+    :func:`even_blocks`; not for a block loaded ahead), no mask.
     """
-    mask = (cols >= 0) & (cols < N)
+    mask = None if EVEN else (cols >= 0) & (cols < N)
+    other = None if EVEN else 0.0
     if HAS_RESIDUAL:
-        x = tl.load(h_row + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        x = tl.load(h_row + cols, mask=mask, other=other, eviction_policy="evict_first")
     else:
-        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_row + cols.to(tl.int64) * sxn, mask=mask, other=other, eviction_policy="evict_first")
     return x
+
+
+def even_blocks(n: int, *blocks: int) -> bool:
+    """Whether each of ``blocks`` divides the row width ``n``: a looped kernel's ``EVEN``.
+
+    Its blocks then end at the row's end, and the loads and stores of the
+    blocks it uses at once (not those it loads ahead) need no column mask,
+    nor the reductions a ``where`` for the lanes past ``N``: 10-16% of the
+    instructions of layer_norm's two loops (sm_90 SASS, bf16, blocks of
+    8192 in 32 warps).  H200, event µs after an L2 flush, masked -> not
+    (``reports/h200/even-session23.txt``): layer_norm bf16 16384 x 32768
+    637.3 -> 625.6, softmax bf16 16384 x 32768 555.9 -> 537.5, 1024 x 32768
+    45.1 -> 41.5, rms_norm bf16 1024 x 32768 40.3 -> 39.7 (16384 x 32768,
+    at the copy's speed either way, 503.7 -> 508.7).
+    """
+    return all(n % b == 0 for b in blocks)
 
 
 # Widest row a program keeps whole in registers, in bytes of the input dtype:
@@ -454,6 +486,35 @@ class PairedRows(NamedTuple):
     min_rows: int
 
 
+class StatsBlock(NamedTuple):
+    """Many half-precision rows of ``min_n`` to ``max_n`` elements that loop: pass 1 in blocks of ``block``.
+
+    The looped kernel reads a row twice, its statistics first (pass 1),
+    then again to normalise (pass 2), and counts on L2 to still hold the row
+    for the second read.  With rows of 128 KiB (65536 elements) and two
+    programs an SM, 264 rows in flight on an H200 outgrow what L2 keeps for
+    them: ncu read 2.62 GB from DRAM for rms_norm bf16 16384 x 65536, whose
+    x is 2.15 GB (layer_norm 2.84 GB; ``reports/h200/ncu-wide-session23.txt``).
+    Pass 1 in wider blocks, summed a vector of each thread at a time (see
+    :func:`vector_sums`), takes more registers, so one program an SM: half
+    the rows in flight, each loaded in two 64 KiB halves at once.  H200,
+    event µs after an L2 flush, blocks of 8192 in 32 warps -> pass 1 in
+    blocks of 32768 (``reports/h200/lanes-session23.txt``, ``even-session23.txt``,
+    ``wide-rule-session23.txt``): rms_norm bf16 16384 x 65536 1223.5 -> 1048.3,
+    4096 x 65536 309.5 -> 274.0, 1024 x 65536 81.7 -> 79.9, but 256 x 65536
+    25.7 -> 27.3 (too few rows to fill the SMs), 16384 x 40000 642.9 -> 836.0
+    (those rows stayed in L2 anyway: 95% of copy before) and 8192 x 131072
+    1339.0 -> 1470.7 (one such row an SM is already too many); layer_norm
+    16384 x 65536 1314.8 -> 1182.1, fp16 1342.6 -> 1150.1.  Each op's tuning
+    says where it applies.
+    """
+
+    min_n: int
+    max_n: int
+    block: int
+    min_rows: int
+
+
 class RowTuning(NamedTuple):
     """How one row kernel spreads a row over threads (each kernel file declares its own).
 
@@ -533,6 +594,12 @@ class RowTuning(NamedTuple):
     # (max_rows, BLOCK_N, warps) replacing half_long's blocks where there are
     # at most max_rows rows: one program a row, each alone on its SM.
     half_long_few: tuple[int, int, int] | None = None
+    # (max_n, warps, min_rows): half-precision rows narrower than max_n, at
+    # least min_rows of them, that loop in the default blocks (half the cap:
+    # none of half_short, half_long, the uneven rules applies) take ``warps``
+    # warps instead of wide_warps; None: wide_warps.  Each op's tuning says
+    # what it measured.
+    half_mid_warps: tuple[int, int, int] | None = None
     # The looped kernel's RowBlocks.prefetch in half precision, in float32.
     wide_prefetch: int = 0
     float32_wide_prefetch: int = 0
@@ -549,6 +616,8 @@ class RowTuning(NamedTuple):
     float32_cap_warps: tuple[int, int] | None = None
     # Half-precision rows exactly this wide, held whole two a program (see PairedRows); None: the tile rule.
     paired_rows: PairedRows | None = None
+    # Half-precision rows whose looped kernel takes pass 1 in wider blocks (see StatsBlock); None: BLOCK_N.
+    stats_block: StatsBlock | None = None
 
 
 class RowBlocks(NamedTuple):
@@ -591,6 +660,9 @@ class RowBlocks(NamedTuple):
     # thread in 8 warps: 2 programs an SM -> 1).  Each op's tuning says what
     # it measured.
     prefetch: int = 0
+    # The looped kernel's pass 1 (the row's statistics) in blocks of this
+    # many columns, wider than block_n (see StatsBlock); 0: block_n.
+    block_s: int = 0
 
 
 def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> RowBlocks:
@@ -603,6 +675,10 @@ def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) ->
     ``MAX_FUSED_BYTES`` to reach the looped path with small rows.
     """
     blocks = _row_block_config(rows, n, element_size, tuning, MAX_FUSED_BYTES, interpreting())
+    stats = tuning.stats_block
+    if (stats is not None and blocks.wide and element_size == 2 and stats.min_n <= n <= stats.max_n
+            and rows >= stats.min_rows and stats.block > blocks.block_n):
+        blocks = blocks._replace(block_s=stats.block)
     return blocks._replace(early=not blocks.wide and rows <= EARLY_VECTOR_ROWS)
 
 
@@ -652,7 +728,11 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
             if tuning.half_long_few and rows <= tuning.half_long_few[0]:
                 _, block, warps = tuning.half_long_few
             return RowBlocks(1, block, warps, True, prefetch=prefetch)
-        return RowBlocks(1, max(next_pow2(cap) // 2, 1), tuning.wide_warps, True, prefetch=prefetch)
+        warps = tuning.wide_warps
+        mid = tuning.half_mid_warps
+        if element_size == 2 and mid and n < mid[0] and rows >= mid[2]:
+            warps = mid[1]
+        return RowBlocks(1, max(next_pow2(cap) // 2, 1), warps, True, prefetch=prefetch)
     pair = tuning.paired_rows
     if pair and element_size == 2 and n == pair.n and rows >= pair.min_rows and not interpreter:
         return RowBlocks(2, n, pair.warps, False)

@@ -45,7 +45,9 @@ Three kernels share the work:
   within ``sqrt(N / BLOCK_N - 1)`` standard deviations of the row's (so the
   exact fallback, a third read of the row, only runs past ``N = 17 *
   BLOCK_N``; each lane adds ``N / BLOCK_N`` terms before a tree of
-  ``log2(BLOCK_N)``: 21 deep at N = 65536 where the whole-row tree is 16).
+  ``log2(BLOCK_N)``: 21 deep at N = 65536 where the whole-row tree is 16;
+  many rows of 65536 take pass 1 in blocks of 32768, see ``_rows.StatsBlock``,
+  whose lanes first sum their 8-element vectors: 8 + 2 + 12 deep).
   Otherwise each block's mean and sum of squared deviations ``M2`` are
   two-pass values (the block is in registers), and blocks merge with Chan et
   al.'s parallel formula, which has no cancellation::
@@ -92,11 +94,13 @@ from ._launch import Plan, output_like, planned
 from ._rows import (
     HalfShort,
     RowTuning,
+    StatsBlock,
     TailSplit,
     add_residual,
     aligned_width,
     check_row_shapes,
     check_tensors,
+    even_blocks,
     load_back_block,
     load_chunk,
     load_pair,
@@ -107,6 +111,7 @@ from ._rows import (
     row_layout,
     row_offsets,
     to_dtype,
+    vector_sums,
 )
 
 # Two reductions per row (one for most half-precision rows and in the looped kernel):
@@ -135,9 +140,23 @@ from ._rows import (
 # 467.6 -> 447.4; wider rows lost (16384 x 40000 785.3 -> 836.1, 50000 1098.1 -> 1103.9; 32768 a
 # tie, ln-ablate2-session19.txt), as did 128 rows and fewer (1 x 24000 7.5 -> 9.1, 128 x 20000 8.1
 # -> 9.1; uneven-decode-session19.txt).
+# From 1024 rows, rows of 32768 to 49151 loop in those blocks of 8192 in 16 warps rather
+# than 32 (RowTuning.half_mid_warps).  H200, event µs after an L2 flush, 32 -> 16 warps
+# (reports/h200/ln32768-configs-session23.txt, warps16-session23.txt): bf16 16384 x 32768
+# 625.4 -> 586.4, 4096 x 32768 165.4 -> 154.9, 1024 x 32768 47.5 -> 45.0, fp16 16384 x 32768
+# 587.9 -> 568.8, bf16 16384 x 40000 780.7 -> 768.3, 1024 x 40000 57.2 -> 56.2; ties at 256 x
+# 32768 (14.56 -> 14.50) and 16384 x 49152 (922.6 -> 920.6), and rows of 65536 lost (1024 rows
+# 90.2 -> 91.4); rms_norm lost (16384 x 32768 510.0 -> 549.0).
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
                    float32_whole_from=16384, float32_wide=(8192, 16),
-                   half_short=HalfShort(32768, 4096, 8, min_rows=256))
+                   half_short=HalfShort(32768, 4096, 8, min_rows=256), half_mid_warps=(49152, 16, 1024),
+                   stats_block=StatsBlock(57344, 65536, 32768, 2048))
+# Many half-precision rows of 57344 to 65536 take pass 1 (the shifted sums) in blocks of
+# 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
+# in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt, even-session23.txt):
+# 16384 rows of 49152 944.9 -> 996.0, 57344 1134.2 -> 1087.6, 65536 1314.8 -> 1182.1 (fp16
+# 1342.6 -> 1150.1), 73728 1529.3 -> 1525.2 (a tie), 8192 x 98304 1062.9 -> 1195.6; rows of
+# 65536: 2048 175.4 -> 165.7, 1024 91.1 -> 92.5, 512 49.4 -> 52.9.
 # The residual variant keeps every half-precision row up to 64 KiB whole, padded or
 # not: at N = 24000 (16384 rows) 758.2 µs whole vs 865.0 looped (but 8 rows: 15.9 vs
 # 11.1).  Its looped kernel prefetches, in pass 1 for half precision and both passes
@@ -158,7 +177,8 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # rows 140.9 -> 136.5, 1024 rows 40.5 -> 39.6, 256 rows 13.70 -> 13.41.  (Plain layer_norm tied, 265.3 -> 265.0, and
 # add_rms_norm too, 526.3 -> 527.4.)
 ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
-                             half_short=None, half_long=(65536, 16384, 16), float32_cap_warps=(256, 16))
+                             half_short=None, half_long=(65536, 16384, 16), float32_cap_warps=(256, 16),
+                             half_mid_warps=None, stats_block=None)
 
 # The cooperative kernel loads weight and bias before it waits for the row's
 # other programs when its chunk is at most this many elements.  Larger
@@ -197,10 +217,12 @@ def _sum_squares(xc, xct, TAIL: tl.constexpr):
 
 
 @triton.jit
-def _load_wb(W, B, cols, N, swn, sbn):
-    """Weight and bias for ``cols``, in their own dtype."""
-    w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
-    b = tl.load(B + cols * sbn, mask=cols < N, other=0.0)
+def _load_wb(W, B, cols, N, swn, sbn, EVEN: tl.constexpr = False):
+    """Weight and bias for ``cols``, in their own dtype (``EVEN``: every column is below ``N``, no mask)."""
+    mask = None if EVEN else cols < N
+    other = None if EVEN else 0.0
+    w = tl.load(W + cols * swn, mask=mask, other=other)
+    b = tl.load(B + cols * sbn, mask=mask, other=other)
     return w, b
 
 
@@ -308,14 +330,17 @@ def layer_norm_kernel(
 
 
 @triton.jit
-def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, VECTORS: tl.constexpr,
+                        EVEN: tl.constexpr):
     """Pass 1 of the looped kernel, half precision without a residual: ``(mean, var)`` from shifted sums.
 
     Each lane keeps running sums of ``d = x - k`` and ``d^2`` over the
     blocks, reduced once at the end, as the whole-row kernel's one pass does
     (see the module docstring); ``k`` is the first block's mean, within
     ``sqrt(N / BLOCK_N - 1)`` standard deviations of the row's, so up to
-    ``N = 17 * BLOCK_N`` the exact fallback below never runs.
+    ``N = 17 * BLOCK_N`` the exact fallback below never runs.  With
+    ``VECTORS`` (blocks wider than pass 2's, see ``_rows.StatsBlock``) a
+    running sum covers one vector of 8 elements, not one element.
     """
     # Block 0 first, whole (the row is wider than BLOCK_N): its mean is k.
     # (Taken inside the loop under `if start == 0`, the reduction cost 12-40%
@@ -325,8 +350,9 @@ def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
     # block 1 ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
     x_next, _ = load_pair_block(x_row, x_row, offs + BLOCK_N, N, sxn, sxn, False)
     k = tl.math.div_rn(tl.sum(x.to(tl.float32), axis=0), BLOCK_N * 1.0)
-    s1 = x.to(tl.float32) - k
-    s2 = s1 * s1
+    d = x.to(tl.float32) - k
+    s1 = vector_sums(d, VECTORS, 8)
+    s2 = vector_sums(d * d, VECTORS, 8)
     for start in range(BLOCK_N, N, BLOCK_N):
         cols = start + offs
         if PREFETCH >= 1:
@@ -334,9 +360,11 @@ def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
             x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
         else:
             x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
-        d = tl.where(cols < N, x.to(tl.float32) - k, 0.0)
-        s1 += d
-        s2 += d * d
+        d = x.to(tl.float32) - k
+        if not EVEN:  # the lanes past N (loaded as 0)
+            d = tl.where(cols < N, d, 0.0)
+        s1 += vector_sums(d, VECTORS, 8)
+        s2 += vector_sums(d * d, VECTORS, 8)
     s1, s2 = tl.reduce((s1, s2), 0, _add_pair)
     shift = tl.math.div_rn(s1, N * 1.0)  # mean - k
     mean = k + shift
@@ -410,6 +438,8 @@ def layer_norm_wide_kernel(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
     ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
+    BLOCK_S: tl.constexpr,  # pass 1's block in half precision without a residual: BLOCK_N, or wider (_rows.StatsBlock)
+    EVEN: tl.constexpr,  # BLOCK_N and BLOCK_S divide N: no column masks (see _rows.even_blocks)
 ):
     # One row per program, BLOCK_N < N columns at a time.
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
@@ -423,7 +453,7 @@ def layer_norm_wide_kernel(
     # measured faster (see TUNING); with a residual pass 1 moves three times
     # the bytes and they measured no faster (see ADD_TUNING).
     if X.dtype.element_ty != tl.float32 and not HAS_RESIDUAL:
-        mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_N, PREFETCH)
+        mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_S, PREFETCH, BLOCK_S > BLOCK_N, EVEN)
     else:
         mean, var = _wide_stats_chan(x_row, r_row, H, out, N, sxn, srn, HAS_RESIDUAL, BLOCK_N, PREFETCH)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
@@ -448,10 +478,10 @@ def layer_norm_wide_kernel(
             w_next = tl.load(W + prev * swn, mask=prev >= 0, other=0.0)
             b_next = tl.load(B + prev * sbn, mask=prev >= 0, other=0.0)
         else:
-            x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL)
-            w, b = _load_wb(W, B, cols, N, swn, sbn)
+            x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL, EVEN)
+            w, b = _load_wb(W, B, cols, N, swn, sbn, EVEN)
         y = (x.to(tl.float32) - mean) * rstd * w.to(tl.float32) + b.to(tl.float32)
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N)
 
 
 @triton.jit
@@ -573,7 +603,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     if blocks.wide:
         plan = Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), BLOCK_S=blocks.block_s or blocks.block_n,
+                    EVEN=even_blocks(n, blocks.block_n, blocks.block_s or blocks.block_n), num_warps=blocks.num_warps)
     else:
         plan = Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx,
                     *sr, *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m,

@@ -26,7 +26,8 @@ Three kernels share the work:
 * :func:`rms_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
   (twice that with a residual, see ``ADD_TUNING``): it loops over column
   blocks twice (sum of squares, then normalise), so the row is read twice;
-  the second read usually hits L2.
+  the second read usually hits L2 (for many rows of 65536 only once pass 1
+  takes wider blocks, see ``_rows.StatsBlock``).
 * :func:`rms_norm_coop_kernel` is for a few wide rows (decode): each row is
   split over ``SPLITS`` programs of one cooperative launch (see ``_coop.py``).
   Each holds a chunk in registers and publishes its sum of squares; the
@@ -63,12 +64,14 @@ from ._rows import (
     ManyRows,
     PairedRows,
     RowTuning,
+    StatsBlock,
     TailSplit,
     TwoBlocks,
     add_residual,
     aligned_width,
     check_row_shapes,
     check_tensors,
+    even_blocks,
     load_back_block,
     load_chunk,
     load_pair,
@@ -79,6 +82,7 @@ from ._rows import (
     row_layout,
     row_offsets,
     to_dtype,
+    vector_sums,
 )
 
 # One reduction per row: 8 warps for an 8192-wide row, 32 for the looped kernel
@@ -138,7 +142,13 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
                    float32_wide_prefetch=2,
                    two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2),
                    float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 8192, 8, 2),
-                   paired_rows=PairedRows(4096, 8, 1024))
+                   paired_rows=PairedRows(4096, 8, 1024), stats_block=StatsBlock(57344, 73728, 32768, 1024))
+# Many half-precision rows of 57344 to 73728 take pass 1 of the looped kernel in blocks of
+# 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
+# in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt): 16384 rows
+# of 49152 829.5 -> 862.1, 57344 1046.1 -> 973.9, 65536 1223.5 -> 1048.3, 73728 1401.5 ->
+# 1282.6, 8192 x 98304 955.2 -> 1046.2; rows of 65536: 2048 158.9 -> 145.4, 1024 81.7 ->
+# 79.9, 512 44.5 -> 45.6.
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
@@ -155,7 +165,7 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
                              split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
-                             half_long=(65536, 16384, 16), paired_rows=None)
+                             half_long=(65536, 16384, 16), paired_rows=None, stats_block=None)
 
 # The looped kernel stores y evict-first (L2 lines it would otherwise hold go
 # to the rows whose second read is still to come) in rows of this many bytes
@@ -261,6 +271,8 @@ def rms_norm_wide_kernel(
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
     ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
     STREAM_Y: tl.constexpr,  # store y evict-first (rows of STREAM_Y_MIN_BYTES and more, see there)
+    BLOCK_S: tl.constexpr,  # pass 1's block: BLOCK_N, or wider (see _rows.StatsBlock)
+    EVEN: tl.constexpr,  # BLOCK_N divides N: no column masks in pass 2 (see _rows.even_blocks)
 ):
     # One row per program, BLOCK_N < N columns at a time.
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
@@ -274,19 +286,23 @@ def rms_norm_wide_kernel(
     # With a residual, h = x + residual is formed, rounded and stored here.
     # With PREFETCH each iteration loads the next block before it uses this
     # one: those loads are in flight while this block is squared and its h
-    # stored, where otherwise every block waits for memory.
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # stored, where otherwise every block waits for memory.  Blocks wider
+    # than BLOCK_N keep a sum a vector, not an element (_rows.vector_sums).
+    VECTORS: tl.constexpr = BLOCK_S > BLOCK_N
+    VEC: tl.constexpr = 128 // X.dtype.element_ty.primitive_bitwidth  # elements in 16 bytes
+    acc = tl.zeros([BLOCK_S // VEC if VECTORS else BLOCK_S], dtype=tl.float32)
+    s_offs = tl.arange(0, BLOCK_S)
     # the first block ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
-    x_next, r_next = load_pair_block(x_row, r_row, offs, N, sxn, srn, HAS_RESIDUAL)
-    for start in range(0, N, BLOCK_N):
-        cols = start + offs
+    x_next, r_next = load_pair_block(x_row, r_row, s_offs, N, sxn, srn, HAS_RESIDUAL)
+    for start in range(0, N, BLOCK_S):
+        cols = start + s_offs
         if PREFETCH >= 1:
             x, r = x_next, r_next
-            x_next, r_next = load_pair_block(x_row, r_row, cols + BLOCK_N, N, sxn, srn, HAS_RESIDUAL)
+            x_next, r_next = load_pair_block(x_row, r_row, cols + BLOCK_S, N, sxn, srn, HAS_RESIDUAL)
         else:
             x, r = load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL)
         x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, cols < N, HAS_RESIDUAL)
-        acc += x * x
+        acc += vector_sums(x * x, VECTORS, VEC)
     ms = tl.math.div_rn(tl.sum(acc, axis=0), N * 1.0)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps))
 
@@ -308,13 +324,12 @@ def rms_norm_wide_kernel(
             x_next = load_back_block(x_row, H + out, prev, N, sxn, HAS_RESIDUAL)
             w_next = tl.load(W + prev * swn, mask=prev >= 0, other=0.0)
         else:
-            x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL)
-            w = tl.load(W + cols * swn, mask=cols < N, other=0.0)
+            x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL, EVEN)
+            w = tl.load(W + cols * swn, mask=None if EVEN else cols < N, other=None if EVEN else 0.0)
         y = x.to(tl.float32) * rstd * w.to(tl.float32)
-        if STREAM_Y:  # y is not read again here: L2 keeps the rows that pass 2 has yet to re-read
-            tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N, eviction_policy="evict_first")
-        else:
-            tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N)
+        # STREAM_Y: y is not read again here; L2 keeps the rows that pass 2 has yet to re-read.
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N,
+                 eviction_policy="evict_first" if STREAM_Y else "")
 
 
 @triton.jit
@@ -406,7 +421,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
         plan = Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
-                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
+                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, BLOCK_S=blocks.block_s or blocks.block_n,
+                    EVEN=even_blocks(n, blocks.block_n), PREFETCH=blocks.prefetch,
                     ALIGN=row_alignment(n, layout), STREAM_Y=stream_y(n, x.element_size(), residual is not None),
                     num_warps=blocks.num_warps)
     else:

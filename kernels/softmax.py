@@ -61,6 +61,7 @@ from ._rows import (
     TwoBlocks,
     aligned_width,
     check_tensors,
+    even_blocks,
     load_back_block,
     load_pair_block,
     out_row_offsets,
@@ -261,6 +262,7 @@ def softmax_wide_kernel(
     BLOCK_N: tl.constexpr,
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
     ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
+    EVEN: tl.constexpr,  # BLOCK_N divides N: no column masks (see _rows.even_blocks)
 ):
     # One row per program, BLOCK_N < N columns at a time.
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
@@ -279,13 +281,14 @@ def softmax_wide_kernel(
     x_next, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)
     for start in range(0, N, BLOCK_N):
         cols = start + offs
-        mask = cols < N
         if PREFETCH >= 1:
             x = x_next
             x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
         else:
             x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
-        s = tl.where(mask, x.to(tl.float32) * scale, float("-inf"))
+        s = x.to(tl.float32) * scale
+        if not EVEN:  # the lanes past N
+            s = tl.where(cols < N, s, float("-inf"))
         m_blk = tl.max(s, axis=0)
         m_new = tl.where(m_blk > m + RESCALE_SLACK, m_blk, m)
         # While every logit so far is -inf, measure from 0 (exps are 0, not NaN).
@@ -314,7 +317,7 @@ def softmax_wide_kernel(
             x = x_next
             x_next = load_back_block(x_row, x_row, cols - BLOCK_N, N, sxn, False)
         else:
-            x = load_back_block(x_row, x_row, cols, N, sxn, False)
+            x = load_back_block(x_row, x_row, cols, N, sxn, False, EVEN)
         y = _exp_k(x.to(tl.float32) * scale - m, PRECISE) * inv_d
         # y evict-first: L2 keeps the rows whose second read is still to come
         # (H200, event time after an L2 flush, plain store -> evict_first, µs,
@@ -322,7 +325,8 @@ def softmax_wide_kernel(
         # 16384 x 65536 1226.7 -> 1187.3, 1024 x 65536 86.5 -> 82.6, 16384 x 14336
         # 247.8 -> 245.2; fp16 16384 x 32768 571.8 -> 543.1; float32 16384 x 65536
         # 2575.1 -> 2465.7, 16384 x 11008 353.5 -> 348.7; none lost by more than 0.6%).
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=cols < N, eviction_policy="evict_first")
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N,
+                 eviction_policy="evict_first")
 
 
 @triton.jit
@@ -403,7 +407,7 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
     if blocks.wide:
         plan = Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
                     PRECISE=precise, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    ALIGN=row_alignment(n, layout), num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), EVEN=even_blocks(n, blocks.block_n), num_warps=blocks.num_warps)
     else:
         plan = Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,
                     *layout.strides[0], float(scale), PRECISE=precise, BLOCK_M=blocks.block_m,

@@ -168,19 +168,23 @@ def test_float32_cap_warps(fuseaudit_device):
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 def test_layer_norm_rows_past_the_cap(op, fuseaudit_device):
     """Half-precision rows past 16384 loop in layer_norm, prefetching (its looped pass 1 sums shifted values): in
-    blocks of 4096 in 8 warps below 32768 (RowTuning.half_short), of 8192 in 32 warps from there; add_layer_norm
-    holds them whole up to 32768, padded or not.  Every such row goes through its kernel against float64."""
+    blocks of 4096 in 8 warps below 32768 (RowTuning.half_short), of 8192 in 16 warps from there up to 49151
+    (RowTuning.half_mid_warps, from 1024 rows), in 32 warps beyond and for fewer rows; add_layer_norm holds them
+    whole up to 32768, padded or not.  Every such row goes through its kernel against float64."""
     from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
 
     from fuseaudit.case import Case
 
     spec = OPS[op]
     tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
+    assert layer_norm.TUNING.half_mid_warps == (49152, 16, 1024) and layer_norm.ADD_TUNING.half_mid_warps is None
     for n in (20000, 32768):
         blocks = _rows.row_block_config(16384, n, 2, tuning)
         if op == "layer_norm":
-            expected = (4096, 8) if n < 32768 else (8192, 32)
+            expected = (4096, 8) if n < 32768 else (8192, 16)
             assert (blocks.block_n, blocks.num_warps, blocks.wide, blocks.prefetch) == (*expected, True, 1), n
+            for rows, n_wide, warps in ((1024, 49151, 16), (1023, 32768, 32), (16384, 49152, 32)):
+                assert _rows.row_block_config(rows, n_wide, 2, tuning)[1:4] == (8192, warps, True), (rows, n_wide)
         else:
             assert (blocks.block_n, blocks.wide) == (32768, False) and blocks.num_warps == _rows.WIDE_WHOLE_ROW_WARPS
         case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
@@ -651,3 +655,84 @@ def test_paired_rows(fuseaudit_device):
     x = torch.zeros(1024, 4096, dtype=torch.bfloat16, device=fuseaudit_device)
     plan = rms_norm._plan("rms_norm", x, None, x[0], 1e-6)
     assert plan.meta["BLOCK_M"] == config(1024, 4096, 2, interpreter=_rows.interpreting()).block_m
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_stats_block(op, fuseaudit_device):
+    """Many half-precision rows of 57344 to 65536 (rms_norm: 73728) loop with pass 1 in blocks of 32768, summed a
+    16-byte vector at a time (``_rows.StatsBlock``, measured on the H200); fewer rows (rms_norm 1024,
+    layer_norm 2048), other widths, float32 and the residual variants keep
+    pass 1 in the looped kernel's own blocks.  With the cap lowered to 256 bytes and a StatsBlock for every width,
+    rows of 1000 (pass 1 in blocks of 256 and 512 against pass 2's 64: masked last blocks) and of 1024 (whole
+    blocks), bfloat16 and float16, contiguous and strided, and layer_norm's hard value regimes (its shift ``k`` is
+    the first pass-1 block's mean), go through the looped kernel against float64."""
+    import importlib
+
+    from fuseaudit.kernels import _launch, _rows
+
+    from fuseaudit.case import Case
+
+    module = importlib.import_module(f"fuseaudit.kernels.{op}")
+    wide_kernel = getattr(module, f"{op}_wide_kernel")
+    max_n, min_rows = {"rms_norm": (73728, 1024), "layer_norm": (65536, 2048)}[op]
+    assert module.TUNING.stats_block == _rows.StatsBlock(57344, max_n, 32768, min_rows), "as measured"
+    assert module.ADD_TUNING.stats_block is None
+
+    def block_s(rows, n, size, tuning=module.TUNING):
+        return _rows.row_block_config(rows, n, size, tuning).block_s
+
+    assert block_s(min_rows, 65536, 2) == block_s(16384, 57344, 2) == block_s(16384, max_n, 2) == 32768
+    for rows, n, size in ((min_rows - 1, 65536, 2), (16384, 57343, 2), (16384, max_n + 1, 2), (16384, 65536, 4)):
+        assert block_s(rows, n, size) == 0, (rows, n, size)
+    assert block_s(16384, 65536, 2, module.ADD_TUNING) == 0
+    spec = OPS[op]
+    regimes = ("normal", "near_constant", "large", "outliers") if op == "layer_norm" else ("normal",)
+    for block in (256, 512):
+        stats = _rows.StatsBlock(0, 10**6, block, 1)
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(
+                module, TUNING=module.TUNING._replace(stats_block=stats)):
+            for dtype, n, layout in (("bfloat16", 1000, "transposed"), ("float16", 1024, "contiguous"),
+                                     ("bfloat16", 1024, "padded")):
+                x = torch.zeros(3, n, dtype=getattr(torch, dtype), device=fuseaudit_device)
+                vectors = (x[0],) * (1 if op == "rms_norm" else 2)
+                plan = module._plan(op, x, None, *vectors, 1e-5)
+                assert plan.kernel is wide_kernel and plan.meta["BLOCK_S"] == block > plan.meta["BLOCK_N"]
+                for regime in regimes:
+                    case = Case(op=op, dtype=dtype, dims={"lead": (3,), "N": n}, regime=regime,
+                                layouts={name: layout for name in spec.input_names}, params=spec.defaults(),
+                                seed=block + n)
+                    run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                             target=spec.reference).raise_for_failures()
+
+
+@pytest.mark.parametrize("spec", WIDE_OPS, ids=[op.name for op in WIDE_OPS])
+def test_even_blocks(spec, fuseaudit_device):
+    """Where the looped kernel's blocks divide the row (``_rows.even_blocks``) it drops its column masks, except on
+    the blocks it loads ahead.  With the cap lowered to 256 bytes, rows of 1024 (16 or 32 whole blocks) and of 1000
+    (a partial last block) at every prefetch level, bfloat16 and float32, strided, against float64; the plan's
+    ``EVEN`` says which path ran."""
+    import importlib
+
+    from fuseaudit.kernels import _launch, _rows
+
+    from fuseaudit.case import Case
+
+    assert _rows.even_blocks(65536, 8192, 32768) and not _rows.even_blocks(40000, 8192)
+    module = importlib.import_module(spec.reference.split(":")[0])
+    name = "TUNING" if spec.name in ("rms_norm", "layer_norm", "softmax") else "ADD_TUNING"
+    for prefetch in (0, 2):
+        patched = getattr(module, name)._replace(wide_prefetch=prefetch, float32_wide_prefetch=prefetch)
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(module, **{name: patched}):
+            for dtype, n in (("bfloat16", 1024), ("float32", 1024), ("bfloat16", 1000)):
+                case = Case(op=spec.name, dtype=dtype, dims={"lead": (3,), "N": n}, regime="normal",
+                            layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(),
+                            seed=n + prefetch)
+                x = torch.zeros(3, n, dtype=getattr(torch, dtype), device=fuseaudit_device)
+                blocks = _rows.row_block_config(3, n, x.element_size(), patched)
+                assert blocks.wide and blocks.prefetch == prefetch
+                plan = module._plan(x, 1.0) if spec.name == "softmax" else module._plan(
+                    spec.name, x, x if spec.name.startswith("add_") else None,
+                    *(x[0],) * (1 if "rms" in spec.name else 2), 1e-5)
+                assert plan.meta["EVEN"] is (n == 1024), (dtype, n)
+                run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                         target=spec.reference).raise_for_failures()
