@@ -341,7 +341,8 @@ def even_blocks(n: int, *blocks: int) -> bool:
     (``reports/h200/even-session23.txt``): layer_norm bf16 16384 x 32768
     637.3 -> 625.6, softmax bf16 16384 x 32768 555.9 -> 537.5, 1024 x 32768
     45.1 -> 41.5, rms_norm bf16 1024 x 32768 40.3 -> 39.7 (16384 x 32768,
-    at the copy's speed either way, 503.7 -> 508.7).
+    at the copy's speed either way, 503.7 -> 508.7).  Float32 softmax lost
+    (see its wrapper) and keeps the masks.
     """
     return all(n % b == 0 for b in blocks)
 

@@ -405,9 +405,14 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
     precise = x.dtype == torch.float32
     blocks = row_block_config(layout.rows, n, x.element_size(), TUNING)
     if blocks.wide:
+        # EVEN only in half precision: float32 rows lost without the masks (H200, event µs after
+        # an L2 flush, reports/h200/even-fp32-session23.txt, masked -> not: 16384 x 32768 1054.5
+        # -> 1117.1, 4096 x 32768 272.4 -> 289.3, 16384 x 16384 539.1 -> 561.0; bf16 16384 x
+        # 32768 552.6 -> 533.7).
         plan = Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
                     PRECISE=precise, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    ALIGN=row_alignment(n, layout), EVEN=even_blocks(n, blocks.block_n), num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), EVEN=not precise and even_blocks(n, blocks.block_n),
+                    num_warps=blocks.num_warps)
     else:
         plan = Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,
                     *layout.strides[0], float(scale), PRECISE=precise, BLOCK_M=blocks.block_m,

@@ -710,7 +710,7 @@ def test_even_blocks(spec, fuseaudit_device):
     """Where the looped kernel's blocks divide the row (``_rows.even_blocks``) it drops its column masks, except on
     the blocks it loads ahead.  With the cap lowered to 256 bytes, rows of 1024 (16 or 32 whole blocks) and of 1000
     (a partial last block) at every prefetch level, bfloat16 and float32, strided, against float64; the plan's
-    ``EVEN`` says which path ran."""
+    ``EVEN`` says which path ran (softmax's float32 rows keep their masks: they measured faster so)."""
     import importlib
 
     from fuseaudit.kernels import _launch, _rows
@@ -733,6 +733,7 @@ def test_even_blocks(spec, fuseaudit_device):
                 plan = module._plan(x, 1.0) if spec.name == "softmax" else module._plan(
                     spec.name, x, x if spec.name.startswith("add_") else None,
                     *(x[0],) * (1 if "rms" in spec.name else 2), 1e-5)
-                assert plan.meta["EVEN"] is (n == 1024), (dtype, n)
+                even = n == 1024 and not (spec.name == "softmax" and dtype == "float32")
+                assert plan.meta["EVEN"] is even, (dtype, n)
                 run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                          target=spec.reference).raise_for_failures()
