@@ -665,6 +665,11 @@ class RowBlocks(NamedTuple):
     # many columns, wider than block_n (see StatsBlock); 0: block_n.
     block_s: int = 0
 
+    @property
+    def stats_block_n(self) -> int:
+        """The looped kernel's pass-1 block: ``block_s``, or ``block_n`` where that is 0 (its ``BLOCK_S``)."""
+        return self.block_s or self.block_n
+
 
 def row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning) -> RowBlocks:
     """How to launch a row-wise kernel over ``rows`` rows of ``n`` elements (see :class:`RowBlocks`).

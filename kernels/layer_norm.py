@@ -603,8 +603,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     if blocks.wide:
         plan = Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
-                    ALIGN=row_alignment(n, layout), BLOCK_S=blocks.block_s or blocks.block_n,
-                    EVEN=even_blocks(n, blocks.block_n, blocks.block_s or blocks.block_n), num_warps=blocks.num_warps)
+                    ALIGN=row_alignment(n, layout), BLOCK_S=blocks.stats_block_n,
+                    EVEN=even_blocks(n, blocks.block_n, blocks.stats_block_n), num_warps=blocks.num_warps)
     else:
         plan = Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx,
                     *sr, *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m,

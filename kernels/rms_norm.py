@@ -421,7 +421,7 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
     blocks = row_block_config(layout.rows, n, x.element_size(), tuning)
     if blocks.wide:
         plan = Plan(rms_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, weight.stride(0), float(eps),
-                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, BLOCK_S=blocks.block_s or blocks.block_n,
+                    HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, BLOCK_S=blocks.stats_block_n,
                     EVEN=even_blocks(n, blocks.block_n), PREFETCH=blocks.prefetch,
                     ALIGN=row_alignment(n, layout), STREAM_Y=stream_y(n, x.element_size(), residual is not None),
                     num_warps=blocks.num_warps)

@@ -95,8 +95,8 @@ SCRIPT = textwrap.dedent(
                     if module is rms_norm:  # y stored evict-first in the widest rows
                         consts["STREAM_Y"] = rms_norm.stream_y(n, dtype.itemsize, extra["HAS_RESIDUAL"])
                     if module is not softmax:  # pass 1's blocks (wider for many rows of 65536: StatsBlock)
-                        consts["BLOCK_S"] = b.block_s or b.block_n
-                    consts["EVEN"] = _rows.even_blocks(n, b.block_n, b.block_s or b.block_n)
+                        consts["BLOCK_S"] = b.stats_block_n
+                    consts["EVEN"] = _rows.even_blocks(n, b.block_n, b.stats_block_n)
                     consts.update({k: 1 for k in ("D1", "D2", "sxn", "srn", "swn", "sbn") if k in fn.arg_names})
                 else:
                     fn, consts = whole, dict(consts, BLOCK_M=b.block_m, BLOCK_N=b.block_n, BLOCK_T=b.block_t,
