@@ -330,6 +330,15 @@ def load_back_block(x_row, h_row, cols, N, sxn, HAS_RESIDUAL: tl.constexpr, EVEN
     return x
 
 
+@triton.jit
+def load_vector(V, cols, N, svn, EVEN: tl.constexpr = False):
+    """Columns ``cols`` of a hidden-size vector (a weight, a bias) in its own dtype, 0 from ``N`` on.
+
+    ``EVEN``: every column of ``cols`` is below ``N`` (see :func:`even_blocks`), so no mask.
+    """
+    return tl.load(V + cols * svn, mask=None if EVEN else cols < N, other=None if EVEN else 0.0)
+
+
 def even_blocks(n: int, *blocks: int) -> bool:
     """Whether each of ``blocks`` divides the row width ``n``: a looped kernel's ``EVEN``.
 

@@ -105,6 +105,7 @@ from ._rows import (
     load_chunk,
     load_pair,
     load_pair_block,
+    load_vector,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -219,11 +220,7 @@ def _sum_squares(xc, xct, TAIL: tl.constexpr):
 @triton.jit
 def _load_wb(W, B, cols, N, swn, sbn, EVEN: tl.constexpr = False):
     """Weight and bias for ``cols``, in their own dtype (``EVEN``: every column is below ``N``, no mask)."""
-    mask = None if EVEN else cols < N
-    other = None if EVEN else 0.0
-    w = tl.load(W + cols * swn, mask=mask, other=other)
-    b = tl.load(B + cols * sbn, mask=mask, other=other)
-    return w, b
+    return load_vector(W, cols, N, swn, EVEN), load_vector(B, cols, N, sbn, EVEN)
 
 
 @triton.jit
@@ -464,6 +461,12 @@ def layer_norm_wide_kernel(
     # Pass 2: normalise and store, walking the row backwards (the blocks that
     # pass 1 read last are the likeliest to be in cache still); with PREFETCH
     # the block before this one is loaded ahead as in pass 1.
+    # Every row reads w and b again, from L2, and that is most of what keeps
+    # this kernel below rms_norm's bandwidth: on the H200 (bf16, 16384 x 32768) it
+    # ran in 534 µs without them against 590.  Reading them once for two or
+    # four rows a program was slower still (640-906 µs: twice the bytes must
+    # stay in L2 for the second read), as were cache hints to keep them in L1
+    # (reports/h200/ln-rows-wb-, ln-rows-, ln-pair-, hints-wb-session24.txt).
     offs = tl.arange(0, BLOCK_N)
     last = (N - 1) // BLOCK_N * BLOCK_N
     # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)

@@ -76,6 +76,7 @@ from ._rows import (
     load_chunk,
     load_pair,
     load_pair_block,
+    load_vector,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -186,12 +187,6 @@ def stream_y(n: int, element_size: int, residual: bool) -> bool:
 
 
 @triton.jit
-def _load_w(W, cols, N, swn):
-    """The weight for ``cols``, in its own dtype."""
-    return tl.load(W + cols * swn, mask=cols < N, other=0.0)
-
-
-@triton.jit
 def _store_y(Y, out_rows, cols, mask, x, rstd, w):
     """``y = x * rstd * w`` for a tile of rows x cols, rounded once, at the store."""
     y = x * rstd[:, None] * w.to(tl.float32)[None, :]
@@ -239,9 +234,9 @@ def rms_norm_kernel(
     if BLOCK_T > 0:
         xt = add_residual(xt, rt, H, h_offs, t_cols[None, :], t_mask, HAS_RESIDUAL)
     if EARLY:  # the weight with the row: one wait for memory (see _rows.RowBlocks.early)
-        w = _load_w(W, cols, N, swn)
+        w = load_vector(W, cols, N, swn)
         if BLOCK_T > 0:
-            wt = _load_w(W, t_cols, N, swn)
+            wt = load_vector(W, t_cols, N, swn)
     sum_sq = tl.sum(x * x, axis=1)
     if BLOCK_T > 0:
         sum_sq += tl.sum(xt * xt, axis=1)
@@ -250,11 +245,11 @@ def rms_norm_kernel(
     # Many rows (not EARLY): the weight is loaded here, the tail's after the
     # block is stored; registers are worth more than the wait then.
     if not EARLY:
-        w = _load_w(W, cols, N, swn)
+        w = load_vector(W, cols, N, swn)
     _store_y(Y, out_rows, cols, mask, x, rstd, w)
     if BLOCK_T > 0:
         if not EARLY:
-            wt = _load_w(W, t_cols, N, swn)
+            wt = load_vector(W, t_cols, N, swn)
         _store_y(Y, out_rows, t_cols, t_mask, xt, rstd, wt)
 
 
@@ -315,7 +310,7 @@ def rms_norm_wide_kernel(
     last = (N - 1) // BLOCK_N * BLOCK_N
     # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
     x_next = load_back_block(x_row, H + out, last + offs, N, sxn, HAS_RESIDUAL)
-    w_next = tl.load(W + (last + offs) * swn, mask=last + offs < N, other=0.0)
+    w_next = load_vector(W, last + offs, N, swn)
     for offset in range(0, N, BLOCK_N):
         cols = (last - offset) + offs
         if PREFETCH >= 2:
@@ -325,7 +320,7 @@ def rms_norm_wide_kernel(
             w_next = tl.load(W + prev * swn, mask=prev >= 0, other=0.0)
         else:
             x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL, EVEN)
-            w = tl.load(W + cols * swn, mask=None if EVEN else cols < N, other=None if EVEN else 0.0)
+            w = load_vector(W, cols, N, swn, EVEN)
         y = x.to(tl.float32) * rstd * w.to(tl.float32)
         # STREAM_Y: y is not read again here; L2 keeps the rows that pass 2 has yet to re-read.
         tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N,
@@ -366,13 +361,13 @@ def rms_norm_coop_kernel(
     rows_here = 1  # a constant trip count of 1: the compiler drops the loop
     if LOOP_ROWS:
         rows_here = tl.cdiv(n_rows - group, groups)
-        w = _load_w(W, cols, N, swn)  # once, for every row of the group
+        w = load_vector(W, cols, N, swn)  # once, for every row of the group
     for k in range(0, rows_here):  # this group's k-th row
         x, x_next, r_next, x_row, r_row, out = row_chunk(
             X, R, H, group + k * groups, n_rows, groups, x_next, r_next, cols, N, D1, D2,
             sx0, sx1, sx2, sxn, sr0, sr1, sr2, srn, ALIGN, HAS_RESIDUAL, LOOP_ROWS)
         if not LOOP_ROWS:  # after the row, which the partial waits for; the wait below hides it
-            w = _load_w(W, cols, N, swn)
+            w = load_vector(W, cols, N, swn)
 
         # The partial is the chunk's sum of squares.
         slots = row_slots(group, k)
