@@ -461,12 +461,13 @@ def layer_norm_wide_kernel(
     # Pass 2: normalise and store, walking the row backwards (the blocks that
     # pass 1 read last are the likeliest to be in cache still); with PREFETCH
     # the block before this one is loaded ahead as in pass 1.
-    # Every row reads w and b again, from L2, and that is most of what keeps
-    # this kernel below rms_norm's bandwidth: on the H200 (bf16, 16384 x 32768) it
-    # ran in 534 µs without them against 590.  Reading them once for two or
-    # four rows a program was slower still (640-906 µs: twice the bytes must
-    # stay in L2 for the second read), as were cache hints to keep them in L1
-    # (reports/h200/ln-rows-wb-, ln-rows-, ln-pair-, hints-wb-session24.txt).
+    # Every row reads w and b again, from L2: on the H200 (bf16, 16384 x
+    # 32768) this kernel ran in 534 µs without them against 590.  Reading them
+    # once for two or four rows a program was slower (640-906 µs), as were
+    # cache hints to keep them in L1 (reports/h200/ln-rows-wb-, ln-rows-,
+    # ln-pair-, hints-wb-session24.txt).  What did pay, in a scratch kernel
+    # not yet carried over: N as a constexpr, as torch.compile's kernels have
+    # it; 16384 x 32768 in blocks of 4096 ran 556 µs (ln-fwd-n-session24.txt).
     offs = tl.arange(0, BLOCK_N)
     last = (N - 1) // BLOCK_N * BLOCK_N
     # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
