@@ -19,7 +19,8 @@ only the kernel differs; its output must match the library's before it is
 timed.  The library as it stands ("default") and ``torch.compile`` as
 ``fuseaudit bench`` builds it run beside them: event time after an L2 flush,
 three interleaved rounds (:func:`fuseaudit.timing.time_events_rounds`).
-One line a point: µs and ``compile µs / µs``.  What a rule in ``_rows``
+One line a point: µs, ``compile µs / µs`` and the op's bytes at the bandwidth of a
+device copy of its first input timed alike ("% of copy").  What a rule in ``_rows``
 is built from; ``fuseaudit bench`` then measures the rule.
 """
 
@@ -139,10 +140,18 @@ def probe(line: list[str]) -> str:
             continue
         labels.append(name)
         calls.append(call)
+    x = inputs[spec.input_names[0]]
+    x_copy = torch.empty_like(x)
+    labels.append("copy")
+    calls.append(lambda: x_copy.copy_(x))
     timings = time_events_rounds(calls, rounds=3, target_seconds=0.15, min_repeats=30, max_repeats=300)
     us = {label: (float("nan") if isinstance(t, Exception) else t.median_us) for label, t in zip(labels, timings)}
     ref_us = us.pop("compile")
-    cells = "  ".join(f"{label} {t:.2f} ({ref_us / t:.3f}x)" for label, t in us.items())
+    # The op's bytes at the copy's bandwidth (read + write of x), as the sweep's "% of copy".
+    copy_gbs = 2 * x.numel() * x.element_size() / us.pop("copy") / 1e3
+    moved = spec.bytes_moved(point.shapes(), x.dtype)
+    cells = "  ".join(f"{label} {t:.2f} ({ref_us / t:.3f}x, {moved / t / 1e3 / copy_gbs:.1%})"
+                      for label, t in us.items())
     return f"{op} {dtype} {rows}x{width}: compile {ref_us:.2f} | {cells}"
 
 

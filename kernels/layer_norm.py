@@ -38,10 +38,22 @@ Three kernels share the work:
   (``properties/test_layer_norm_one_pass.py`` builds rows on both sides of
   the switch; without it, a far-out x0 fails the tolerance policy.)
 * :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
-  (twice that with a residual: see ``TUNING``).  Pass 1 loops over column
-  blocks.  Half-precision rows without a residual take the one pass above,
-  lane by lane: each lane sums ``d = x - k`` and ``d^2`` over the blocks and
-  one reduction ends the pass, with ``k`` the first block's mean, which lies
+  (twice that with a residual: see ``TUNING``), and for many half-precision
+  rows of 12289 to 16384 that blocks divide (``_rows.NarrowLooped``).  Pass 1
+  loops over column blocks.  Half-precision rows without a residual up to
+  ``FIXED_WIDTH_MAX`` wide, compiled for their width, keep Welford's running
+  mean and ``M2`` in each lane (lane ``j`` sees elements ``j, j + BLOCK_N,
+  ...``)::
+
+      d = x - mean;  mean += d / n;  M2 += d * (x - mean)
+
+  which does not cancel, and end the pass with one reduction of two sums
+  about the row's first element x0, ``count * (mean - x0)`` and ``M2 +
+  count * (mean - x0)^2``, into the one-pass variance above; past
+  ``ONE_PASS_RATIO`` the lanes merge by Chan's formula (below) instead,
+  from the registers.  Wider half-precision rows take the one pass lane by
+  lane: each lane sums ``d = x - k`` and ``d^2`` over the blocks and one
+  reduction ends the pass, with ``k`` the first block's mean, which lies
   within ``sqrt(N / BLOCK_N - 1)`` standard deviations of the row's (so the
   exact fallback, a third read of the row, only runs past ``N = 17 *
   BLOCK_N``; each lane adds ``N / BLOCK_N`` terms before a tree of
@@ -93,6 +105,7 @@ from ._coop import (
 from ._launch import Plan, output_like, planned
 from ._rows import (
     HalfShort,
+    NarrowLooped,
     RowTuning,
     StatsBlock,
     TailSplit,
@@ -123,8 +136,9 @@ from ._rows import (
 # (4096, 8) -> (8192, 16) at N = 65536: 16384 rows layer_norm 3026 -> 3036 µs,
 # add_layer_norm 5588 -> 5494; 8 rows 34.0 -> 24.4 and 42.8 -> 30.0.
 # Half-precision rows past 16384 elements loop in blocks of 8192 in 32 warps, prefetching
-# in pass 1, since that pass sums shifted values in each lane (_wide_stats_shifted) instead of
-# merging blocks with Chan's formula (three reductions a block).  H200, event time after an L2
+# in pass 1, since that pass keeps running statistics in each lane (_wide_stats_shifted, and
+# _wide_stats_welford up to FIXED_WIDTH_MAX) instead of merging blocks with Chan's formula
+# (three reductions a block).  H200, event time after an L2
 # flush (reports/h200/lnw-final-session18.txt), the seventeenth session's rules (Chan in 8192
 # x 8 warps; rows of 32768 whole in 32 warps) -> these: bf16 16384 x 65536 1447.6 -> 1305.8 µs,
 # 1024 x 65536 105.5 -> 90.6, 128 x 65536 28.0 -> 15.8, 16384 x 32768 637.9 -> 640.4, 1024 x
@@ -151,7 +165,16 @@ from ._rows import (
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
                    float32_whole_from=16384, float32_wide=(8192, 16),
                    half_short=HalfShort(32768, 4096, 8, min_rows=256), half_mid_warps=(49152, 16, 1024),
-                   stats_block=StatsBlock(57344, 65536, 32768, 2048))
+                   stats_block=StatsBlock(57344, 65536, 32768, 2048),
+                   half_looped=NarrowLooped(12289, 256, (4096, 2048), 16))
+# Many half-precision rows of 12289 to 16384 elements that a block of 4096 or 2048 divides loop in those blocks in 16
+# warps rather than whole (NarrowLooped), compiled for their width (FIXED_WIDTH_MAX).  H200, bf16, event µs after an L2
+# flush, whole -> looped (twenty-fifth session's probes, their files lost: reports/h200/README.md; fuseaudit bench of
+# the final code, bench-ln-fixed-width-session26.txt: 16384 x 14336 229.6, 1.04x torch.compile, 16384 x 16384 254.3):
+# 16384 x 14336 250.0 -> 229.5 (torch.compile 238.6), 16384 x 16384 271.9 -> 254.7 (260.2), fp16 16384 x 14336 250.0
+# -> 224.7 (227.1), 4096 x 14336 69.9 -> 65.0, 256 x 16384 10.6 -> 10.5; 512 x 14336 14.3 -> 12.2 and 256 x 14336 9.3
+# -> 9.0 (with pass 1's lanes merged by Chan's formula).  Widths that no block divides lost (masked blocks of 2048):
+# 16384 x 15000 263.0 -> 294.5, 13000 241.0 -> 262.6, 12800 235.4 -> 259.9.
 # Many half-precision rows of 57344 to 65536 take pass 1 (the shifted sums) in blocks of
 # 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
 # in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt, even-session23.txt):
@@ -179,7 +202,7 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # add_rms_norm too, 526.3 -> 527.4.)
 ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
                              half_short=None, half_long=(65536, 16384, 16), float32_cap_warps=(256, 16),
-                             half_mid_warps=None, stats_block=None)
+                             half_mid_warps=None, stats_block=None, half_looped=None)
 
 # The cooperative kernel loads weight and bias before it waits for the row's
 # other programs when its chunk is at most this many elements.  Larger
@@ -187,6 +210,20 @@ ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, 
 # spilled (CPU compile for sm_90, float32, 16384 columns in 16 warps: 100
 # bytes a thread; 32768 in 32 warps, 1076 -> 152).
 COOP_EARLY_MAX = 8192
+
+# Half-precision rows without a residual up to this wide, where they loop, are compiled for their width (the kernel's
+# N_FIXED: one compile per hidden size, as torch.compile's kernels are) and take pass 1 by Welford in each lane
+# (_wide_stats_welford); wider rows, float32 rows and the residual variant keep N a runtime argument and their pass 1.
+# Neither change paid alone.  H200, bf16, event µs after an L2 flush, runtime N and shifted sums (the twenty-fourth
+# session's kernel) / Welford with N at runtime / Welford with N compiled in (the twenty-fifth session's probes; their
+# files were lost with its machine, reports/h200/README.md): 16384 x 20000 374.6 / 407.2 / 334.6, 1024 x 20000 31.3 /
+# 33.6 / 30.1, 16384 x 24000 456.1 / 482.8 / 414.4, 16384 x 32768 584.7 / 866.8 / 539.6, 1024 x 32768 44.8 / 61.0 /
+# 43.0.  Rows of 65536 lost with it: 1024 rows 90.5 / 105.8 / 98.4, and with pass 1 in blocks of 32768 (StatsBlock)
+# 16384 rows 1153.8 against 1490.7-1632.2 (ptxas spills) or 1169.6 for shifted sums about x0 with N compiled in (fp16
+# 1141.1 and 1226.8).  N compiled in with the shifted sums as they were (k the first block's mean) lost too: 16384 x
+# 65536 1174.3 -> 1487.6.  Re-measured with fuseaudit bench (bench-ln-fixed-width-session26.txt): 16384 x 32768 541.6
+# µs, 93% of copy, 1.20x torch.compile (fp16 518.7, 98%).
+FIXED_WIDTH_MAX = 49151
 
 # One pass while (mean - x0)^2 <= ONE_PASS_RATIO * var, i.e. x0 within 4 std of the mean.
 ONE_PASS_RATIO = tl.constexpr(16.0)
@@ -327,9 +364,68 @@ def layer_norm_kernel(
 
 
 @triton.jit
+def _chan_merge(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    """Two partial ``(mean, M2, count)`` merged by Chan et al.'s formula (no cancellation): a reduction's combine."""
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    frac = n_b / n
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * n_a * frac, n
+
+
+@triton.jit
+def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr):
+    """Pass 1 of the looped kernel, half-precision rows up to ``FIXED_WIDTH_MAX`` without a residual: Welford.
+
+    Lane ``j`` sees elements ``j, j + BLOCK_N, ...`` of the row and keeps
+    their running mean and ``M2`` (Welford: ``d = x - mean; mean += d / n;
+    M2 += d * (x - mean)``, no cancellation whatever the row's offset); one
+    reduction of two sums about x0 merges the lanes, or where x0 is far from
+    the mean a reduction by Chan's formula (see the module docstring).  No
+    block waits on a reduction before the loop (the shifted sums' ``k``), and
+    no row is read a third time; with the row width compiled in it was the
+    faster pass (see ``FIXED_WIDTH_MAX``).
+    """
+    offs = tl.arange(0, BLOCK_N)
+    x, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)  # block 0 (the row is wider than BLOCK_N)
+    # block 1 ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
+    x_next, _ = load_pair_block(x_row, x_row, offs + BLOCK_N, N, sxn, sxn, False)
+    mean = x.to(tl.float32)
+    m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(BLOCK_N, N, BLOCK_N):
+        cols = start + offs
+        if PREFETCH >= 1:
+            x = x_next
+            x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
+        else:
+            x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
+        xf = x.to(tl.float32)
+        d = xf - mean
+        if not EVEN:  # the lanes past N (loaded as 0) keep what they had
+            d = tl.where(cols < N, d, 0.0)
+        mean += d * (1.0 / (start // BLOCK_N + 1))  # this lane's element start // BLOCK_N + 1
+        m2 += d * (xf - mean)
+    count = ((N - offs + BLOCK_N - 1) // BLOCK_N).to(tl.float32)  # elements each lane saw
+    # The lanes merged as sums about the row's first element x0: each lane's
+    # count * (mean - x0) and M2 + count * (mean - x0)^2, one reduction of
+    # two sums, var = S2 / N - (S1 / N)^2 as in the whole-row kernel's one
+    # pass; where x0 is far from the mean (ONE_PASS_RATIO) that cancels and
+    # the lanes merge by Chan's formula instead, from the registers.
+    x0 = tl.load(x_row).to(tl.float32)
+    dk = mean - x0
+    s1, s2 = tl.reduce((count * dk, m2 + count * dk * dk), 0, _add_pair)
+    shift = tl.math.div_rn(s1, N * 1.0)  # the row's mean - x0
+    row_mean = x0 + shift
+    var = tl.maximum(tl.math.div_rn(s2, N * 1.0) - shift * shift, 0.0)
+    if shift * shift > ONE_PASS_RATIO * var:
+        row_mean, row_m2, _n = tl.reduce((mean, m2, count), 0, _chan_merge)
+        var = tl.math.div_rn(row_m2, N * 1.0)
+    return row_mean, var
+
+
+@triton.jit
 def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, VECTORS: tl.constexpr,
                         EVEN: tl.constexpr):
-    """Pass 1 of the looped kernel, half precision without a residual: ``(mean, var)`` from shifted sums.
+    """Pass 1 of the looped kernel, half-precision rows past ``FIXED_WIDTH_MAX`` without a residual: shifted sums.
 
     Each lane keeps running sums of ``d = x - k`` and ``d^2`` over the
     blocks, reduced once at the end, as the whole-row kernel's one pass does
@@ -437,8 +533,11 @@ def layer_norm_wide_kernel(
     ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
     BLOCK_S: tl.constexpr,  # pass 1's block in half precision without a residual: BLOCK_N, or wider (_rows.StatsBlock)
     EVEN: tl.constexpr,  # BLOCK_N and BLOCK_S divide N: no column masks (see _rows.even_blocks)
+    N_FIXED: tl.constexpr,  # N itself, compiled in, or 0 (see FIXED_WIDTH_MAX)
 ):
     # One row per program, BLOCK_N < N columns at a time.
+    if N_FIXED > 0:
+        N = N_FIXED
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     row = tl.program_id(0)
     x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
@@ -446,11 +545,15 @@ def layer_norm_wide_kernel(
     out = out_row_offsets(row, N, ALIGN)
 
     # Pass 1: the row's mean and variance; with a residual, h = x + residual
-    # is formed, rounded and stored here.  Shifted sums where they were
-    # measured faster (see TUNING); with a residual pass 1 moves three times
-    # the bytes and they measured no faster (see ADD_TUNING).
+    # is formed, rounded and stored here.  Welford's lanes or shifted sums
+    # where they were measured faster (see FIXED_WIDTH_MAX and TUNING); with
+    # a residual pass 1 moves three times the bytes and they measured no
+    # faster (see ADD_TUNING).
     if X.dtype.element_ty != tl.float32 and not HAS_RESIDUAL:
-        mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_S, PREFETCH, BLOCK_S > BLOCK_N, EVEN)
+        if N_FIXED > 0:
+            mean, var = _wide_stats_welford(x_row, N, sxn, BLOCK_S, PREFETCH, EVEN)
+        else:
+            mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_S, PREFETCH, BLOCK_S > BLOCK_N, EVEN)
     else:
         mean, var = _wide_stats_chan(x_row, r_row, H, out, N, sxn, srn, HAS_RESIDUAL, BLOCK_N, PREFETCH)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
@@ -465,9 +568,8 @@ def layer_norm_wide_kernel(
     # 32768) this kernel ran in 534 µs without them against 590.  Reading them
     # once for two or four rows a program was slower (640-906 µs), as were
     # cache hints to keep them in L1 (reports/h200/ln-rows-wb-, ln-rows-,
-    # ln-pair-, hints-wb-session24.txt).  What did pay, in a scratch kernel
-    # not yet carried over: N as a constexpr, as torch.compile's kernels have
-    # it; 16384 x 32768 in blocks of 4096 ran 556 µs (ln-fwd-n-session24.txt).
+    # ln-pair-, hints-wb-session24.txt).  What did pay was N compiled in with
+    # Welford's pass 1 (N_FIXED: 16384 x 32768 in 539.6 µs, see FIXED_WIDTH_MAX).
     offs = tl.arange(0, BLOCK_N)
     last = (N - 1) // BLOCK_N * BLOCK_N
     # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
@@ -587,6 +689,15 @@ def _layer_norm(
     return y, h
 
 
+def fixed_width(n: int, element_size: int, has_residual: bool) -> int:
+    """The looped kernel's ``N_FIXED`` for rows of ``n``: ``n`` where it is compiled for their width, else 0.
+
+    Half-precision rows without a residual up to ``FIXED_WIDTH_MAX`` (read at
+    plan time, as every tuning constant): see its notes.
+    """
+    return n if element_size == 2 and not has_residual and n <= FIXED_WIDTH_MAX else 0
+
+
 def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
           eps: float) -> Plan | None:
     """Check the inputs and choose the kernel, grid and tile; None when there is nothing to launch."""
@@ -608,7 +719,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
         plan = Plan(layer_norm_wide_kernel, (layout.rows,), n, d1, d2, *sx, *sr, *vectors,
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
                     ALIGN=row_alignment(n, layout), BLOCK_S=blocks.stats_block_n,
-                    EVEN=even_blocks(n, blocks.block_n, blocks.stats_block_n), num_warps=blocks.num_warps)
+                    EVEN=even_blocks(n, blocks.block_n, blocks.stats_block_n),
+                    N_FIXED=fixed_width(n, x.element_size(), residual is not None), num_warps=blocks.num_warps)
     else:
         plan = Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx,
                     *sr, *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m,

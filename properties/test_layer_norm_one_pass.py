@@ -87,26 +87,53 @@ def test_one_pass_rows_meet_the_policy(op: str, dtype: torch.dtype, n: int, fuse
 
 
 def _wide_rows(n: int, block: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """The rows above, and rows whose first block (the looped kernel's shift, its mean) is far from the row's."""
+    """The rows above, and rows whose first block is far from the rest (what a shift taken from it would cancel)."""
     rows = _test_rows(n, gen)
     z = rows["normal"]
     far = z.clone()
-    far[:block] = 50.0  # (k - mean)^2 / var = 39 here: past ONE_PASS_RATIO
+    far[:block] = 50.0
     rows["first block far out"] = far
-    # a constant first block and a constant rest: (k - mean)^2 / var = N / block - 1
     rows["first block far, rest constant"] = torch.cat([torch.full((block,), 7.0, dtype=torch.float64),
                                                         torch.full((n - block,), -1.0, dtype=torch.float64)])
+    rows["offset 1e4, spread one ulp"] = 1e4 + 64.0 * torch.randint(0, 2, (n,), generator=gen).to(torch.float64)
     return rows
 
 
 @pytest.mark.parametrize("ratio", ["shipped", "always exact", "never exact"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
+def test_looped_rows_meet_the_policy(op: str, dtype: torch.dtype, ratio: str, fuseaudit_device: str) -> None:
+    """layer_norm's looped half-precision pass 1 up to ``FIXED_WIDTH_MAX`` (Welford in each lane, the lanes merged
+    as sums about x0 or, x0 far out, by Chan's formula: either forced by ``ONE_PASS_RATIO`` under the interpreter)
+    on rows of 40 blocks, near-constant and far-offset ones among them, meets the policy; add_layer_norm's looped
+    pass 1 (Chan's merge of blocks) takes the same rows."""
+    from fuseaudit.kernels import _launch, _rows, layer_norm
+
+    if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
+        pytest.skip("a compiled kernel keeps the ONE_PASS_RATIO it was compiled with; add_layer_norm has no switch")
+    forced = {"shipped": {}, "always exact": {"ONE_PASS_RATIO": -1.0}, "never exact": {"ONE_PASS_RATIO": 1e30}}[ratio]
+    cap = 256  # bytes: blocks of 64 half-precision elements
+    block, n = cap // 2 // 2, 40 * (cap // 2 // 2)
+    gen = torch.Generator().manual_seed(40)
+    rows = _wide_rows(n, block, gen)
+    inputs = _inputs(op, rows, gen, fuseaudit_device, dtype)
+    params = {"eps": 1e-5}
+    tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
+    with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(layer_norm, **forced):
+        blocks = _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)
+        assert blocks.wide and blocks.block_n == block, blocks
+        got = getattr(layer_norm, op)(**inputs, **params)
+    _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}, {ratio}")
+
+
+@pytest.mark.parametrize("ratio", ["shipped", "always exact", "never exact"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 def test_looped_shifted_rows_meet_the_policy(op: str, dtype: torch.dtype, ratio: str, fuseaudit_device: str) -> None:
-    """layer_norm's looped half-precision pass 1 (lane sums of ``x - k``, ``k`` the first block's mean) on rows
-    of 40 blocks: its one-pass statistics and its exact fallback (forced either way by ``ONE_PASS_RATIO`` under
-    the interpreter, whose kernels read the constant at each launch) both meet the policy.  add_layer_norm's
-    looped pass 1 (Chan's merge) takes the same rows."""
+    """layer_norm's looped half-precision pass 1 for rows wider than ``FIXED_WIDTH_MAX`` (lane sums of ``x - k``,
+    ``k`` the first block's mean; forced here on rows of 40 blocks) meets the policy, by its one-pass statistics and
+    by its exact fallback (forced either way by ``ONE_PASS_RATIO`` under the interpreter, whose kernels read the
+    constant at each launch).  add_layer_norm's looped pass 1 (Chan's merge) takes the same rows."""
     from fuseaudit.kernels import _launch, _rows, layer_norm
 
     if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
@@ -119,7 +146,7 @@ def test_looped_shifted_rows_meet_the_policy(op: str, dtype: torch.dtype, ratio:
     params = {"eps": 1e-5}
     forced = {"shipped": {}, "always exact": {"ONE_PASS_RATIO": -1.0}, "never exact": {"ONE_PASS_RATIO": 1e30}}[ratio]
     tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
-    with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(layer_norm, **forced):
+    with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(layer_norm, FIXED_WIDTH_MAX=0, **forced):
         blocks = _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)
         assert blocks.wide and blocks.block_n == block, blocks
         got = getattr(layer_norm, op)(**inputs, **params)

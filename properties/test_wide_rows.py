@@ -73,16 +73,21 @@ def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
     A constant offset ten times the row's spread (``near_constant``: the
     variance is a 1e-7 sliver of the mean square), magnitudes up to 2048,
     and outlier channels, over rows of 1000 in blocks of 64 (the cap
-    lowered to 256 bytes): float32 outputs show any lost digit.
+    lowered to 256 bytes): float32 outputs show any lost digit.  Plain
+    layer_norm's half-precision rows take both of its pass-1 methods:
+    Welford's lanes (up to ``FIXED_WIDTH_MAX``) and shifted sums (past it).
     """
-    from fuseaudit.kernels import _launch, _rows
+    from fuseaudit.kernels import _launch, _rows, layer_norm
 
     from fuseaudit.case import Case
 
     spec = OPS[op]
-    with _launch.retuned(_rows, MAX_FUSED_BYTES=256):
-        for dtype, layout, n in (("float32", "padded", 1000), ("bfloat16", "transposed", 777),
-                                 ("float16", "contiguous", 130)):
+    runs = [("float32", "padded", 1000, None)]
+    for fixed_max in (layer_norm.FIXED_WIDTH_MAX, 0) if op == "layer_norm" else (None,):
+        runs += [("bfloat16", "transposed", 777, fixed_max), ("float16", "contiguous", 130, fixed_max)]
+    for dtype, layout, n, fixed_max in runs:
+        fixed = {} if fixed_max is None else {"FIXED_WIDTH_MAX": fixed_max}
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(layer_norm, **fixed):
             case = Case(op=op, dtype=dtype, dims={"lead": (4,), "N": n}, regime=regime,
                         layouts={name: layout for name in spec.input_names}, params=spec.defaults(), seed=n)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
@@ -582,6 +587,48 @@ def test_short_half_rows(op, fuseaudit_device):
     _through_lowered_rule(op, lowered, ((3, 999, 256), (3, 1000, 64), (3, 200, 64)), fuseaudit_device)
 
 
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_narrow_rows_loop(op, fuseaudit_device):
+    """Many half-precision rows of 12289 to 16384 that a block of 4096 or 2048 divides loop in it in 16 warps
+    (``_rows.NarrowLooped``, layer_norm's: measured on the H200), compiled for their width with Welford's pass 1
+    up to ``FIXED_WIDTH_MAX``; fewer rows, widths no block divides, float32 and the other ops keep their rules,
+    and wider rows, float32 and the residual variant keep N a runtime argument.  With the rule lowered to rows
+    of 65 to 128 (blocks of 32 or 16), strided bfloat16 rows go through it against float64."""
+    import importlib
+
+    from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
+
+    spec = OPS[op]
+    module = importlib.import_module(spec.reference.split(":")[0])
+    tuning = getattr(module, "ADD_TUNING" if op.startswith("add_") else "TUNING")
+    measured = _rows.NarrowLooped(12289, 256, (4096, 2048), 16) if op == "layer_norm" else None
+    assert tuning.half_looped == measured, "as measured"
+    if measured is None:
+        return
+    for rows, n, block in ((16384, 14336, 2048), (256, 16384, 4096), (1024, 14336, 2048)):
+        blocks = _rows.row_block_config(rows, n, 2, tuning)
+        assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == (block, 16, 1), (rows, n)
+    plain = tuning._replace(half_looped=None)
+    for rows, n, size in ((255, 16384, 2), (16384, 15000, 2), (16384, 12288, 2), (16384, 14336, 4),
+                          (16384, 8192, 2)):
+        assert _rows.row_block_config(rows, n, size, tuning) == _rows.row_block_config(rows, n, size, plain)
+    assert layer_norm.FIXED_WIDTH_MAX == 49151, "as measured"
+
+    def fixed(rows, n, dtype=torch.bfloat16, residual=False):
+        x = torch.zeros(rows, n, dtype=dtype, device=fuseaudit_device)
+        plan = layer_norm._plan("add_layer_norm" if residual else "layer_norm", x, x if residual else None,
+                                x[0], x[0], 1e-5)
+        assert plan.kernel is layer_norm.layer_norm_wide_kernel, (rows, n)
+        return plan.meta["N_FIXED"]
+
+    with _launch.retuned(_coop, ENABLED=False):  # (a few wide rows would take the cooperative kernel)
+        assert fixed(256, 14336) == 14336 and fixed(8, 49151) == 49151
+        assert fixed(8, 49152) == fixed(8, 65536) == fixed(8, 40000, torch.float32) == 0
+        assert fixed(8, 40000, residual=True) == 0
+    lowered = tuning._replace(half_looped=_rows.NarrowLooped(65, 1, (32, 16), 4))
+    _through_lowered_rule(op, lowered, ((3, 96, 32), (3, 80, 16), (3, 100, 128), (3, 64, 64)), fuseaudit_device)
+
+
 def test_split_warps():
     """A split row gets ``2 x element size`` warps, more where a thread would hold over ``SPLIT_MAX_PER_THREAD``
     elements: the layer_norms' half-precision rows of 8192 + 4096 (N = 11008) and 8192 + 2048 in 8 warps, 8192 +
@@ -689,14 +736,17 @@ def test_stats_block(op, fuseaudit_device):
     regimes = ("normal", "near_constant", "large", "outliers") if op == "layer_norm" else ("normal",)
     for block in (256, 512):
         stats = _rows.StatsBlock(0, 10**6, block, 1)
+        # (layer_norm's rows that take these blocks are past FIXED_WIDTH_MAX: pass 1 by shifted sums)
+        past_fixed = {"FIXED_WIDTH_MAX": 0} if op == "layer_norm" else {}
         with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(
-                module, TUNING=module.TUNING._replace(stats_block=stats)):
+                module, TUNING=module.TUNING._replace(stats_block=stats), **past_fixed):
             for dtype, n, layout in (("bfloat16", 1000, "transposed"), ("float16", 1024, "contiguous"),
                                      ("bfloat16", 1024, "padded")):
                 x = torch.zeros(3, n, dtype=getattr(torch, dtype), device=fuseaudit_device)
                 vectors = (x[0],) * (1 if op == "rms_norm" else 2)
                 plan = module._plan(op, x, None, *vectors, 1e-5)
                 assert plan.kernel is wide_kernel and plan.meta["BLOCK_S"] == block > plan.meta["BLOCK_N"]
+                assert plan.meta.get("N_FIXED", 0) == 0
                 for regime in regimes:
                     case = Case(op=op, dtype=dtype, dims={"lead": (3,), "N": n}, regime=regime,
                                 layouts={name: layout for name in spec.input_names}, params=spec.defaults(),
