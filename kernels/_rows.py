@@ -298,6 +298,25 @@ def load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL: tl.constexpr)
 
 
 @triton.jit
+def next_pair_block(x_row, r_row, x_next, r_next, cols, N, sxn, srn, HAS_RESIDUAL: tl.constexpr,
+                    BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
+    """A pass-1 loop's step: its block at ``cols`` (as ``load_pair_block``) and the blocks for the next step.
+
+    With ``PREFETCH >= 1`` the block at ``cols`` is the one the step before
+    loaded (``x_next``, ``r_next``), and the block ``BLOCK`` columns on is
+    loaded now, in flight while this one is used; without, the block at
+    ``cols`` is loaded here and ``x_next``, ``r_next`` pass through.  Returns
+    ``x, r, x_next, r_next``.
+    """
+    if PREFETCH >= 1:
+        x, r = x_next, r_next
+        x_next, r_next = load_pair_block(x_row, r_row, cols + BLOCK, N, sxn, srn, HAS_RESIDUAL)
+    else:
+        x, r = load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL)
+    return x, r, x_next, r_next
+
+
+@triton.jit
 def vector_sums(v, VECTORS: tl.constexpr, VEC: tl.constexpr):
     """``v`` (a 1-D block) summed over each run of ``VEC`` neighbours if ``VECTORS``, else ``v`` itself.
 

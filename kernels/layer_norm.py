@@ -119,6 +119,7 @@ from ._rows import (
     load_pair,
     load_pair_block,
     load_vector,
+    next_pair_block,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -393,11 +394,7 @@ def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
     m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(BLOCK_N, N, BLOCK_N):
         cols = start + offs
-        if PREFETCH >= 1:
-            x = x_next
-            x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
-        else:
-            x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
+        x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
         xf = x.to(tl.float32)
         d = xf - mean
         if not EVEN:  # the lanes past N (loaded as 0) keep what they had
@@ -448,11 +445,7 @@ def _wide_stats_shifted(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
     s2 = vector_sums(d * d, VECTORS, 8)
     for start in range(BLOCK_N, N, BLOCK_N):
         cols = start + offs
-        if PREFETCH >= 1:
-            x = x_next
-            x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
-        else:
-            x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
+        x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
         d = x.to(tl.float32) - k
         if not EVEN:  # the lanes past N (loaded as 0)
             d = tl.where(cols < N, d, 0.0)
@@ -494,11 +487,8 @@ def _wide_stats_chan(x_row, r_row, H, out, N, sxn, srn, HAS_RESIDUAL: tl.constex
     for start in range(0, N, BLOCK_N):
         cols = start + offs
         mask = cols < N
-        if PREFETCH >= 1:
-            x, r = x_next, r_next
-            x_next, r_next = load_pair_block(x_row, r_row, cols + BLOCK_N, N, sxn, srn, HAS_RESIDUAL)
-        else:
-            x, r = load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL)
+        x, r, x_next, r_next = next_pair_block(x_row, r_row, x_next, r_next, cols, N, sxn, srn, HAS_RESIDUAL,
+                                               BLOCK_N, PREFETCH)
         x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, mask, HAS_RESIDUAL)
         n_a = start * 1.0  # elements merged so far
         n_b = tl.sum(mask.to(tl.float32), axis=0)  # elements in this block

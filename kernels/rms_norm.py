@@ -77,6 +77,7 @@ from ._rows import (
     load_pair,
     load_pair_block,
     load_vector,
+    next_pair_block,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -291,11 +292,8 @@ def rms_norm_wide_kernel(
     x_next, r_next = load_pair_block(x_row, r_row, s_offs, N, sxn, srn, HAS_RESIDUAL)
     for start in range(0, N, BLOCK_S):
         cols = start + s_offs
-        if PREFETCH >= 1:
-            x, r = x_next, r_next
-            x_next, r_next = load_pair_block(x_row, r_row, cols + BLOCK_S, N, sxn, srn, HAS_RESIDUAL)
-        else:
-            x, r = load_pair_block(x_row, r_row, cols, N, sxn, srn, HAS_RESIDUAL)
+        x, r, x_next, r_next = next_pair_block(x_row, r_row, x_next, r_next, cols, N, sxn, srn, HAS_RESIDUAL,
+                                               BLOCK_S, PREFETCH)
         x = add_residual(x.to(tl.float32), r.to(tl.float32), H, out, cols, cols < N, HAS_RESIDUAL)
         acc += vector_sums(x * x, VECTORS, VEC)
     ms = tl.math.div_rn(tl.sum(acc, axis=0), N * 1.0)

@@ -64,6 +64,7 @@ from ._rows import (
     even_blocks,
     load_back_block,
     load_pair_block,
+    next_pair_block,
     out_row_offsets,
     row_alignment,
     row_block_config,
@@ -281,11 +282,7 @@ def softmax_wide_kernel(
     x_next, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)
     for start in range(0, N, BLOCK_N):
         cols = start + offs
-        if PREFETCH >= 1:
-            x = x_next
-            x_next, _ = load_pair_block(x_row, x_row, cols + BLOCK_N, N, sxn, sxn, False)
-        else:
-            x, _ = load_pair_block(x_row, x_row, cols, N, sxn, sxn, False)
+        x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
         s = x.to(tl.float32) * scale
         if not EVEN:  # the lanes past N
             s = tl.where(cols < N, s, float("-inf"))
