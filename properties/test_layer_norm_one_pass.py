@@ -101,17 +101,23 @@ def _wide_rows(n: int, block: int, gen: torch.Generator) -> dict[str, torch.Tens
 
 @pytest.mark.parametrize("ratio", ["shipped", "always exact", "never exact"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
-def test_looped_rows_meet_the_policy(op: str, dtype: torch.dtype, ratio: str, fuseaudit_device: str) -> None:
-    """layer_norm's looped half-precision pass 1 up to ``FIXED_WIDTH_MAX`` (Welford in each lane, the lanes merged
-    as sums about x0 or, x0 far out, by Chan's formula: either forced by ``ONE_PASS_RATIO`` under the interpreter)
-    on rows of 40 blocks, near-constant and far-offset ones among them, meets the policy; add_layer_norm's looped
-    pass 1 (Chan's merge of blocks) takes the same rows."""
+@pytest.mark.parametrize(("op", "pass1"), [("layer_norm", "welford"), ("layer_norm", "shifted"),
+                                           ("add_layer_norm", "chan")])
+def test_looped_rows_meet_the_policy(op: str, pass1: str, dtype: torch.dtype, ratio: str,
+                                     fuseaudit_device: str) -> None:
+    """The looped half-precision pass 1 on rows of 40 blocks, near-constant and far-offset ones among them, meets
+    the policy.  layer_norm's ``welford`` (up to ``FIXED_WIDTH_MAX``): Welford in each lane, the lanes merged as
+    sums about x0 or, x0 far out, by Chan's formula; its ``shifted`` (rows wider than ``FIXED_WIDTH_MAX``, forced
+    here by setting it to 0): lane sums of ``x - k``, ``k`` the first block's mean, or the exact fallback.  Under
+    the interpreter, whose kernels read ``ONE_PASS_RATIO`` at each launch, either branch is forced.
+    add_layer_norm's pass 1 (Chan's merge of blocks) takes the same rows."""
     from fuseaudit.kernels import _launch, _rows, layer_norm
 
     if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
         pytest.skip("a compiled kernel keeps the ONE_PASS_RATIO it was compiled with; add_layer_norm has no switch")
     forced = {"shipped": {}, "always exact": {"ONE_PASS_RATIO": -1.0}, "never exact": {"ONE_PASS_RATIO": 1e30}}[ratio]
+    if pass1 == "shifted":
+        forced["FIXED_WIDTH_MAX"] = 0
     cap = 256  # bytes: blocks of 64 half-precision elements
     block, n = cap // 2 // 2, 40 * (cap // 2 // 2)
     gen = torch.Generator().manual_seed(40)
@@ -122,32 +128,7 @@ def test_looped_rows_meet_the_policy(op: str, dtype: torch.dtype, ratio: str, fu
     with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(layer_norm, **forced):
         blocks = _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)
         assert blocks.wide and blocks.block_n == block, blocks
+        n_fixed = layer_norm.fixed_width(n, inputs["x"].element_size(), op == "add_layer_norm")
+        assert (n_fixed > 0) == (pass1 == "welford"), n_fixed
         got = getattr(layer_norm, op)(**inputs, **params)
-    _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}, {ratio}")
-
-
-@pytest.mark.parametrize("ratio", ["shipped", "always exact", "never exact"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
-def test_looped_shifted_rows_meet_the_policy(op: str, dtype: torch.dtype, ratio: str, fuseaudit_device: str) -> None:
-    """layer_norm's looped half-precision pass 1 for rows wider than ``FIXED_WIDTH_MAX`` (lane sums of ``x - k``,
-    ``k`` the first block's mean; forced here on rows of 40 blocks) meets the policy, by its one-pass statistics and
-    by its exact fallback (forced either way by ``ONE_PASS_RATIO`` under the interpreter, whose kernels read the
-    constant at each launch).  add_layer_norm's looped pass 1 (Chan's merge) takes the same rows."""
-    from fuseaudit.kernels import _launch, _rows, layer_norm
-
-    if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
-        pytest.skip("a compiled kernel keeps the ONE_PASS_RATIO it was compiled with; add_layer_norm has no switch")
-    cap = 256  # bytes: blocks of 64 half-precision elements
-    block, n = cap // 2 // 2, 40 * (cap // 2 // 2)
-    gen = torch.Generator().manual_seed(40)
-    rows = _wide_rows(n, block, gen)
-    inputs = _inputs(op, rows, gen, fuseaudit_device, dtype)
-    params = {"eps": 1e-5}
-    forced = {"shipped": {}, "always exact": {"ONE_PASS_RATIO": -1.0}, "never exact": {"ONE_PASS_RATIO": 1e30}}[ratio]
-    tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
-    with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(layer_norm, FIXED_WIDTH_MAX=0, **forced):
-        blocks = _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)
-        assert blocks.wide and blocks.block_n == block, blocks
-        got = getattr(layer_norm, op)(**inputs, **params)
-    _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}, {ratio}")
+    _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}, {pass1}, {ratio}")
