@@ -13,6 +13,9 @@ effect from the width's.  A candidate is one of:
   (``l:BN:W:P:BS``: pass 1 in blocks of ``BS``, see ``_rows.StatsBlock``);
 * ``aK`` -- the library's own blocks with ``ALIGN`` forced to ``K`` (``a1``: rows read as unaligned).
 
+A ``+f`` or ``-f`` after a looped candidate compiles it for the row's width or not (the
+norms' ``N_FIXED``, see ``fixed_width`` in their modules) whatever the module's rule says.
+
 Every candidate is the plan the op's wrapper builds with those blocks (the
 cooperative split left out), launched on tensors kept from one call, so
 only the kernel differs; its output must match the library's before it is
@@ -67,10 +70,19 @@ def parse_candidate(text: str, rows: int) -> _rows.RowBlocks | int:
 
 
 def candidate_call(spec: OpSpec, module: ModuleType, args: list[torch.Tensor], params: dict[str, Any],
-                   blocks: _rows.RowBlocks | int) -> tuple[Callable[[], None], torch.Tensor]:
-    """A call launching the plan ``spec``'s wrapper builds with ``blocks`` (an int: its blocks, that ALIGN)."""
+                   blocks: _rows.RowBlocks | int, fixed: bool | None = None
+                   ) -> tuple[Callable[[], None], torch.Tensor]:
+    """A call launching the plan ``spec``'s wrapper builds with ``blocks`` (an int: its blocks, that ALIGN).
+
+    ``fixed`` forces the looped kernel's ``N_FIXED`` on (True) or off (False); None keeps the module's rule.
+    """
     fn = spec.load_reference()
-    saved = {name: getattr(module, name) for name in ("row_block_config", "coop_config", "planned", "row_alignment")}
+    names = ["row_block_config", "coop_config", "planned", "row_alignment"]
+    if fixed is not None:
+        if not hasattr(module, "fixed_width"):
+            raise ValueError(f"{spec.name} has no N_FIXED to force (+f/-f)")
+        names.append("fixed_width")
+    saved = {name: getattr(module, name) for name in names}
     plans: list[Any] = []
 
     def keep(_params: Any, _inputs: Any, build_plan: Callable[..., Any], *build_args: Any) -> Any:
@@ -78,6 +90,8 @@ def candidate_call(spec: OpSpec, module: ModuleType, args: list[torch.Tensor], p
         return plans[-1]
 
     try:
+        if fixed is not None:
+            module.fixed_width = (lambda n, *a: n) if fixed else (lambda *a: 0)
         if isinstance(blocks, int):
             module.row_alignment = lambda *a, **k: blocks
         else:
@@ -127,8 +141,9 @@ def probe(line: list[str]) -> str:
     labels, calls = ["default", "compile"], [reference.call, compiled.call]
     for name in names:
         try:
+            base, fixed = (name[:-2], name[-2] == "+") if name[-2:] in ("+f", "-f") else (name, None)
             call, y = candidate_call(spec, module, [inputs[k] for k in spec.input_names], params,
-                                     parse_candidate(name, int(rows)))
+                                     parse_candidate(base, int(rows)), fixed)
             y.zero_()
             call()
             torch.cuda.synchronize()

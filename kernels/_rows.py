@@ -502,17 +502,18 @@ class HalfShort(NamedTuple):
 
 
 class NarrowLooped(NamedTuple):
-    """Many half-precision rows of ``min_n`` elements up to the cap, which fit whole, looped over instead.
+    """``min_rows`` or more half-precision rows of ``min_n`` to ``max_n`` elements, which fit whole, looped over.
 
     ``BLOCK_N`` is the first of ``blocks`` that divides the row (no column
     masks, see :func:`even_blocks`); where none does, the row stays whole
     (masked blocks lost).  ``warps`` warps.  Held whole, such a row pads to
-    16384 lanes and each reduction spans them all; a looped kernel compiled
+    a power of two and each reduction spans it all; a looped kernel compiled
     for the row's width keeps running statistics in each lane instead, as
     torch.compile's kernels do.  Each op's tuning says what it measured.
     """
 
     min_n: int
+    max_n: int
     min_rows: int
     blocks: tuple[int, ...]
     warps: int
@@ -664,8 +665,9 @@ class RowTuning(NamedTuple):
     paired_rows: PairedRows | None = None
     # Half-precision rows whose looped kernel takes pass 1 in wider blocks (see StatsBlock); None: BLOCK_N.
     stats_block: StatsBlock | None = None
-    # Half-precision rows narrow enough to hold whole that loop instead (see NarrowLooped); None: none.
-    half_looped: NarrowLooped | None = None
+    # Half-precision rows narrow enough to hold whole that loop instead, ranges of widths that do not overlap (see
+    # NarrowLooped); (): none.
+    half_looped: tuple[NarrowLooped, ...] = ()
 
 
 class RowBlocks(NamedTuple):
@@ -747,11 +749,11 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     two = tuning.float32_two_blocks if element_size == 4 else tuning.two_blocks
     if two is not None and rows >= two.min_rows and n == 2 * two.block:
         return RowBlocks(1, two.block, two.warps, True, prefetch=two.prefetch)
-    looped = tuning.half_looped
-    if looped and not wide and element_size == 2 and n >= looped.min_n and rows >= looped.min_rows:
-        block = next((b for b in looped.blocks if n % b == 0), 0)
-        if block:
-            return RowBlocks(1, block, looped.warps, True, prefetch=prefetch)
+    for looped in tuning.half_looped if not wide and element_size == 2 else ():
+        if looped.min_n <= n <= looped.max_n and rows >= looped.min_rows:
+            block = next((b for b in looped.blocks if n % b == 0), 0)
+            if block:
+                return RowBlocks(1, block, looped.warps, True, prefetch=prefetch)
     if not wide and tuning.uneven_block and element_size == 2 and n > UNEVEN_MIN and n != block_n:
         if tuning.uneven_split and rows <= tuning.uneven_split:
             full = block_n // 2

@@ -39,7 +39,7 @@ Three kernels share the work:
   the switch; without it, a far-out x0 fails the tolerance policy.)
 * :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
   (twice that with a residual: see ``TUNING``), and for many half-precision
-  rows of 12289 to 16384 that blocks divide (``_rows.NarrowLooped``).  Pass 1
+  rows of 2048 to 16384 that blocks divide (``_rows.NarrowLooped``).  Pass 1
   loops over column blocks.  Half-precision rows without a residual up to
   ``FIXED_WIDTH_MAX`` wide, compiled for their width, keep Welford's running
   mean and ``M2`` in each lane (lane ``j`` sees elements ``j, j + BLOCK_N,
@@ -167,7 +167,10 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
                    float32_whole_from=16384, float32_wide=(8192, 16),
                    half_short=HalfShort(32768, 4096, 8, min_rows=256), half_mid_warps=(49152, 16, 1024),
                    stats_block=StatsBlock(57344, 65536, 32768, 2048),
-                   half_looped=NarrowLooped(12289, 256, (4096, 2048), 16))
+                   half_looped=(NarrowLooped(12289, 16384, 256, (4096, 2048), 16),
+                                NarrowLooped(5121, 8192, 1024, (4096, 2048), 8),
+                                NarrowLooped(4097, 5120, 1024, (1024,), 8),
+                                NarrowLooped(2048, 4096, 1024, (2048,), 4)))
 # Many half-precision rows of 12289 to 16384 elements that a block of 4096 or 2048 divides loop in those blocks in 16
 # warps rather than whole (NarrowLooped), compiled for their width (FIXED_WIDTH_MAX).  H200, bf16, event µs after an L2
 # flush, whole -> looped (twenty-fifth session's probes, their files lost: reports/h200/README.md; fuseaudit bench of
@@ -176,6 +179,14 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # -> 224.7 (227.1), 4096 x 14336 69.9 -> 65.0, 256 x 16384 10.6 -> 10.5; 512 x 14336 14.3 -> 12.2 and 256 x 14336 9.3
 # -> 9.0 (with pass 1's lanes merged by Chan's formula).  Widths that no block divides lost (masked blocks of 2048):
 # 16384 x 15000 263.0 -> 294.5, 13000 241.0 -> 262.6, 12800 235.4 -> 259.9.
+# So do many narrower rows, from 1024 rows: of 2048 to 4096 in blocks of 2048 in 4 warps (a row of 2048 in one block),
+# 5120 in blocks of 1024 in 8 warps, 5121 to 8192 in blocks of 4096 or 2048 in 8 warps.  H200, event µs after an L2
+# flush, whole -> looped, compiled for their width (row-configs-ln-narrow-session27.txt, row-configs-under-copy-
+# session27.txt): bf16 16384 x 4096 70.46 -> 68.03 and 70.27 -> 67.95 (blocks of 4096 in 4 warps 68.10; N at runtime
+# 78.16), fp16 70.24 -> 68.06, 4096 x 4096 22.98 -> 21.78, 1024 x 4096 8.96 -> 8.64, 16384 x 2048 40.13 -> 36.78,
+# 16384 x 5120 86.21 -> 83.63, 16384 x 8192 136.00 -> 131.58 (2048 x 8 warps 131.47).  Rows of 1024 tied (16384
+# rows 22.02 -> 21.89 at best), rows of 11008 (no block divides them) and float32 rows lost (16384 x 11008 184.94 ->
+# 194.02, float32 16384 x 4096 136.54 -> 145.49).
 # Many half-precision rows of 57344 to 65536 take pass 1 (the shifted sums) in blocks of
 # 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
 # in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt, even-session23.txt):
@@ -203,7 +214,7 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # add_rms_norm too, 526.3 -> 527.4.)
 ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
                              half_short=None, half_long=(65536, 16384, 16), float32_cap_warps=(256, 16),
-                             half_mid_warps=None, stats_block=None, half_looped=None)
+                             half_mid_warps=None, stats_block=None, half_looped=())
 
 # The cooperative kernel loads weight and bias before it waits for the row's
 # other programs when its chunk is at most this many elements.  Larger

@@ -144,13 +144,24 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
                    float32_wide_prefetch=2,
                    two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2),
                    float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 8192, 8, 2),
-                   paired_rows=PairedRows(4096, 8, 1024), stats_block=StatsBlock(57344, 73728, 32768, 1024))
+                   paired_rows=PairedRows(4096, 8, 1024), stats_block=StatsBlock(57344, 73728, 32768, 2048),
+                   half_long=(65536, 8192, 32), half_long_few=(1024, 16384, 32))
 # Many half-precision rows of 57344 to 73728 take pass 1 of the looped kernel in blocks of
 # 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
 # in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt): 16384 rows
 # of 49152 829.5 -> 862.1, 57344 1046.1 -> 973.9, 65536 1223.5 -> 1048.3, 73728 1401.5 ->
 # 1282.6, 8192 x 98304 955.2 -> 1046.2; rows of 65536: 2048 158.9 -> 145.4, 1024 81.7 ->
 # 79.9, 512 44.5 -> 45.6.
+# Up to 1024 half-precision rows of 65536 and more loop in blocks of 16384 in 32 warps
+# (half_long_few; half_long repeats the default blocks for more rows), compiled for their
+# width (see FIXED_WIDTH_MAX), and so StatsBlock starts at 2048 rows.  H200, bf16, event µs
+# after an L2 flush, the twenty-sixth session's rule (8192 x 32 warps, pass 1 in 32768 from
+# 1024 rows, N at runtime) -> 16384 x 32 warps with N compiled in (row-configs-rms-fixed-
+# session27.txt, row-configs-rms-fixed2-session27.txt): rows of 65536: 1024 79.6 -> 75.5
+# and 79.8 -> 76.0 (pass 1 in 32768 with N compiled in: 78.0, 77.8), 512 44.0 -> 41.3,
+# 128 14.5 -> 13.2; 2048 rows tied (141.5 with pass 1 in 32768 and N compiled in, 142.7),
+# 4096 and 16384 rows did not (268.4 and 1027.3 against 274.7 and 1069.3).  Without N
+# compiled in those blocks lost (1024 x 65536 83.7, 16384 x 65536 1264.2).
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
@@ -167,7 +178,7 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
                              split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
-                             half_long=(65536, 16384, 16), paired_rows=None, stats_block=None)
+                             half_long=(65536, 16384, 16), half_long_few=None, paired_rows=None, stats_block=None)
 
 # The looped kernel stores y evict-first (L2 lines it would otherwise hold go
 # to the rows whose second read is still to come) in rows of this many bytes
@@ -180,6 +191,30 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
 # 16384 x 65536 2168.2 -> 2205.5).  (In layer_norm's looped kernel the same hint
 # cost bf16 16384 x 65536 1305 -> 1634 and ".cs" stores split by dtype.)
 STREAM_Y_MIN_BYTES = 128 * 1024
+
+# Half-precision rows of FIXED_WIDTH_MIN to FIXED_WIDTH_MAX without a residual (those that loop in blocks of 8192),
+# and any that loop in blocks of FIXED_BLOCK (half_long_few), are compiled for their width: the looped kernel's
+# N_FIXED, one compile per hidden size, as torch.compile's kernels are.  Its loops then have constant trip counts.
+# H200, event µs after an L2 flush, N at runtime -> compiled in (row-configs-rms-fixed-session27.txt,
+# row-configs-rms-fixed2-session27.txt): bf16 16384 x 24000 385.9 -> 367.7 (torch.compile 368.6), 16384 x 30000
+# 481.4 -> 460.4, 16384 x 32768 507.7 -> 502.2 (fp16 502.2 -> 502.3), 4096 x 32768 133.7 -> 130.4, 1024 x 32768
+# 39.6 -> 38.0 and 39.8 -> 38.1 (torch.compile 38.1, 38.4), 256 x 32768 13.25 -> 12.70, 16384 x 40000 643.4 ->
+# 628.0, 16384 x 49152 906.0 -> 798.9, pass 1 in blocks of 32768 (StatsBlock): 16384 x 57344 959.3 -> 944.2,
+# 16384 x 65536 1043.4 -> 1027.3 (but fp16 1123.5 -> 1137.2), 4096 x 65536 272.7 -> 268.4, 2048 x 65536 144.5 ->
+# 141.5.  Wider rows in blocks of 8192 lost (8192 x 98304 954.6 -> 1011.8, 4096 x 131072 678.5 -> 693.3), and so
+# did narrower ones in blocks of 4096 x 8 warps (16384 x 11008 174.5 -> 183.6, 12288 196.0 -> 198.8); 4096 x 16
+# tied (16384 x 14336 224.2 -> 223.5, 20000 321.7 -> 320.4).  add_rms_norm tied (bf16 16384 x 65536 2189.3 ->
+# 2169.0, 1024 x 65536 143.0 -> 142.5) and keeps N at runtime.
+FIXED_WIDTH_MIN = 20481
+FIXED_WIDTH_MAX = 65536
+FIXED_BLOCK = 16384
+
+
+def fixed_width(n: int, element_size: int, has_residual: bool, block_n: int) -> int:
+    """The looped kernel's ``N_FIXED`` for rows of ``n`` in blocks of ``block_n``: ``n`` where it is compiled for
+    their width, else 0 (see ``FIXED_WIDTH_MAX``; the constants are read at plan time)."""
+    fixed = FIXED_WIDTH_MIN <= n <= FIXED_WIDTH_MAX or block_n >= FIXED_BLOCK
+    return n if element_size == 2 and not has_residual and fixed else 0
 
 
 def stream_y(n: int, element_size: int, residual: bool) -> bool:
@@ -269,8 +304,11 @@ def rms_norm_wide_kernel(
     STREAM_Y: tl.constexpr,  # store y evict-first (rows of STREAM_Y_MIN_BYTES and more, see there)
     BLOCK_S: tl.constexpr,  # pass 1's block: BLOCK_N, or wider (see _rows.StatsBlock)
     EVEN: tl.constexpr,  # BLOCK_N divides N: no column masks in pass 2 (see _rows.even_blocks)
+    N_FIXED: tl.constexpr,  # N itself, compiled in, or 0 (see FIXED_WIDTH_MAX)
 ):
     # One row per program, BLOCK_N < N columns at a time.
+    if N_FIXED > 0:
+        N = N_FIXED
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     row = tl.program_id(0)
     x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
@@ -417,6 +455,7 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, BLOCK_S=blocks.stats_block_n,
                     EVEN=even_blocks(n, blocks.block_n), PREFETCH=blocks.prefetch,
                     ALIGN=row_alignment(n, layout), STREAM_Y=stream_y(n, x.element_size(), residual is not None),
+                    N_FIXED=fixed_width(n, x.element_size(), residual is not None, blocks.block_n),
                     num_warps=blocks.num_warps)
     else:
         plan = Plan(rms_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),),

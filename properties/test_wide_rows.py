@@ -236,8 +236,10 @@ def test_split_tail(op, lead, fuseaudit_device):
                 assert not blocks.wide
                 assert blocks.block_n < n <= blocks.block_n + blocks.block_t < 2 * blocks.block_n
                 split.append(n)
-        if allowed:
-            assert 5120 in split, f"{op}: N=5120 (4096 + 1024) should split ({element_size}-byte elements)"
+        if allowed:  # (layer_norm's many half-precision rows of 5120 loop instead: NarrowLooped)
+            looped = _rows.row_block_config(lead[0], 5120, element_size, tuning).wide and tuning.half_looped
+            assert 5120 in split or looped, f"{op}: N=5120 (4096 + 1024) should split ({element_size}-byte elements)"
+            assert split, f"{op}: no width splits ({element_size}-byte elements)"
         else:
             assert not split, f"{op}: the rule leaves {element_size}-byte rows whole, yet {split} split"
         widths[element_size] = split
@@ -500,7 +502,8 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_long_half_rows(op, fuseaudit_device):
     """Half-precision rows from ``half_long[0]`` columns on loop in its larger blocks (softmax and the residual
-    norms; the plain norms have no such rule), with few rows in ``half_long_few``'s (softmax), narrower rows and
+    norms; rms_norm's repeat its default blocks; layer_norm has no such rule), with few rows in
+    ``half_long_few``'s (softmax, rms_norm), narrower rows and
     float32 keep their rules; with the rules lowered to rows of 1000 (blocks of 256, the last partial; 512 for two
     rows) strided bfloat16 rows go through them against float64, and rows one column narrower through the default
     blocks."""
@@ -512,12 +515,12 @@ def test_long_half_rows(op, fuseaudit_device):
     module = importlib.import_module(spec.reference.split(":")[0])
     attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
     tuning = getattr(module, attr)
-    assert (tuning.half_long is not None) == (op in ("softmax", "add_rms_norm", "add_layer_norm")), "as measured"
+    assert (tuning.half_long is not None) == (op != "layer_norm"), "as measured"
     if tuning.half_long is None:
         return
     min_n, block, warps = tuning.half_long
     few = tuning.half_long_few
-    assert (few is not None) == (op == "softmax"), "as measured"
+    assert (few is not None) == (op in ("softmax", "rms_norm")), "as measured"
     for n in (min_n, 131072, 128256):
         blocks = _rows.row_block_config(16384, n, 2, tuning)
         assert blocks.wide and (blocks.block_n, blocks.num_warps) == (block, warps)
@@ -525,7 +528,10 @@ def test_long_half_rows(op, fuseaudit_device):
         if few:  # at most few[0] rows: its blocks (rows the cooperative split takes never get here)
             assert tuple(_rows.row_block_config(few[0], n, 2, tuning))[1:3] == few[1:]
             assert tuple(_rows.row_block_config(few[0] + 1, n, 2, tuning))[1:3] == (block, warps)
-    assert tuple(_rows.row_block_config(16384, min_n - 1, 2, tuning))[1:3] != (block, warps)
+    if few:
+        assert tuple(_rows.row_block_config(few[0], min_n - 1, 2, tuning))[1:3] != few[1:]
+    else:
+        assert tuple(_rows.row_block_config(16384, min_n - 1, 2, tuning))[1:3] != (block, warps)
     assert _rows.row_block_config(16384, min_n, 4, tuning) == _rows.row_block_config(
         16384, min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
     lowered = tuning._replace(half_long=(1000, 256, 4), half_long_few=few and (2, 512, 4))
@@ -589,11 +595,13 @@ def test_short_half_rows(op, fuseaudit_device):
 
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_narrow_rows_loop(op, fuseaudit_device):
-    """Many half-precision rows of 12289 to 16384 that a block of 4096 or 2048 divides loop in it in 16 warps
-    (``_rows.NarrowLooped``, layer_norm's: measured on the H200), compiled for their width with Welford's pass 1
-    up to ``FIXED_WIDTH_MAX``; fewer rows, widths no block divides, float32 and the other ops keep their rules,
-    and wider rows, float32 and the residual variant keep N a runtime argument.  With the rule lowered to rows
-    of 65 to 128 (blocks of 32 or 16), strided bfloat16 rows go through it against float64."""
+    """Many half-precision rows that fit whole loop instead where a block divides them (``_rows.NarrowLooped``,
+    layer_norm's, measured on the H200): from 256 rows, 12289 to 16384 in blocks of 4096 or 2048 in 16 warps; from
+    1024 rows, 5121 to 8192 in 4096 or 2048 in 8 warps, 5120 in 1024 in 8, 2048 to 4096 in 2048 in 4.  They are
+    compiled for their width with Welford's pass 1 up to ``FIXED_WIDTH_MAX``; fewer rows, widths no block divides
+    or outside the ranges, float32 and the other ops keep their rules, and wider rows, float32 and the residual
+    variant keep N a runtime argument.  With the rule lowered to rows of 65 to 128 (blocks of 32 or 16) and of 40
+    to 64 (blocks of 8), strided bfloat16 rows go through it against float64."""
     import importlib
 
     from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
@@ -601,16 +609,21 @@ def test_narrow_rows_loop(op, fuseaudit_device):
     spec = OPS[op]
     module = importlib.import_module(spec.reference.split(":")[0])
     tuning = getattr(module, "ADD_TUNING" if op.startswith("add_") else "TUNING")
-    measured = _rows.NarrowLooped(12289, 256, (4096, 2048), 16) if op == "layer_norm" else None
-    assert tuning.half_looped == measured, "as measured"
-    if measured is None:
+    measured = (_rows.NarrowLooped(12289, 16384, 256, (4096, 2048), 16),
+                _rows.NarrowLooped(5121, 8192, 1024, (4096, 2048), 8),
+                _rows.NarrowLooped(4097, 5120, 1024, (1024,), 8),
+                _rows.NarrowLooped(2048, 4096, 1024, (2048,), 4))
+    assert tuning.half_looped == (measured if op == "layer_norm" else ()), "as measured"
+    if op != "layer_norm":
         return
-    for rows, n, block in ((16384, 14336, 2048), (256, 16384, 4096), (1024, 14336, 2048)):
+    for rows, n, block, warps in ((16384, 14336, 2048, 16), (256, 16384, 4096, 16), (1024, 14336, 2048, 16),
+                                  (16384, 8192, 4096, 8), (1024, 6144, 2048, 8), (16384, 5120, 1024, 8),
+                                  (1024, 4096, 2048, 4), (16384, 2048, 2048, 4)):
         blocks = _rows.row_block_config(rows, n, 2, tuning)
-        assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == (block, 16, 1), (rows, n)
-    plain = tuning._replace(half_looped=None)
+        assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == (block, warps, 1), (rows, n)
+    plain = tuning._replace(half_looped=())
     for rows, n, size in ((255, 16384, 2), (16384, 15000, 2), (16384, 12288, 2), (16384, 14336, 4),
-                          (16384, 8192, 2)):
+                          (1023, 8192, 2), (16384, 7000, 2), (16384, 3072, 2), (16384, 1024, 2), (16384, 4096, 4)):
         assert _rows.row_block_config(rows, n, size, tuning) == _rows.row_block_config(rows, n, size, plain)
     assert layer_norm.FIXED_WIDTH_MAX == 49151, "as measured"
 
@@ -625,8 +638,10 @@ def test_narrow_rows_loop(op, fuseaudit_device):
         assert fixed(256, 14336) == 14336 and fixed(8, 49151) == 49151
         assert fixed(8, 49152) == fixed(8, 65536) == fixed(8, 40000, torch.float32) == 0
         assert fixed(8, 40000, residual=True) == 0
-    lowered = tuning._replace(half_looped=_rows.NarrowLooped(65, 1, (32, 16), 4))
-    _through_lowered_rule(op, lowered, ((3, 96, 32), (3, 80, 16), (3, 100, 128), (3, 64, 64)), fuseaudit_device)
+    lowered = tuning._replace(half_looped=(_rows.NarrowLooped(65, 128, 1, (32, 16), 4),
+                                           _rows.NarrowLooped(40, 64, 1, (8,), 2)))
+    _through_lowered_rule(op, lowered, ((3, 96, 32), (3, 80, 16), (3, 100, 128), (3, 64, 8), (3, 40, 8),
+                                        (3, 36, 64)), fuseaudit_device)
 
 
 def test_split_warps():
@@ -645,6 +660,49 @@ def test_split_warps():
             assert blocks.num_warps == warps, (n, element_size, blocks)
             per_thread = (blocks.block_n + blocks.block_t) / (32 * blocks.num_warps)
             assert per_thread <= _rows.SPLIT_MAX_PER_THREAD
+
+
+def test_rms_norm_fixed_width(fuseaudit_device):
+    """rms_norm's looped kernel is compiled for the row's width (``N_FIXED``) in half-precision rows of 20481 to
+    65536 and in any that loop in blocks of 16384 (up to 1024 rows of 65536 and more, ``half_long_few``), without a
+    residual (measured on the H200, see ``FIXED_WIDTH_MAX``); narrower and wider rows, float32 and add_rms_norm keep N
+    a runtime argument.  With the range lowered to every width and the cap to 256 bytes, bfloat16 and float16 rows,
+    contiguous and strided, in blocks that divide them or not and with pass 1 in wider blocks (StatsBlock), go
+    through the kernel compiled for their width against float64."""
+    from fuseaudit.kernels import _coop, _launch, _rows, rms_norm
+
+    from fuseaudit.case import Case
+
+    assert (rms_norm.FIXED_WIDTH_MIN, rms_norm.FIXED_WIDTH_MAX, rms_norm.FIXED_BLOCK) == (20481, 65536, 16384)
+    assert rms_norm.TUNING.half_long_few == (1024, rms_norm.FIXED_BLOCK, 32), "as measured"
+
+    def fixed(rows, n, dtype=torch.bfloat16, residual=False):
+        x = torch.zeros(rows, n, dtype=dtype, device=fuseaudit_device)
+        plan = rms_norm._plan("add_rms_norm" if residual else "rms_norm", x, x if residual else None, x[0], 1e-6)
+        assert plan.kernel is rms_norm.rms_norm_wide_kernel, (rows, n)
+        return plan.meta["N_FIXED"], plan.meta["BLOCK_N"]
+
+    with _launch.retuned(_coop, ENABLED=False):  # (a few wide rows would take the cooperative kernel)
+        assert fixed(256, 20481) == (20481, 8192) and fixed(1024, 32768, torch.float16) == (32768, 8192)
+        assert fixed(2048, 65536) == (65536, 8192) and fixed(1024, 65536) == (65536, 16384)
+        assert fixed(8, 98304) == (98304, 16384) and fixed(1025, 98304) == (0, 8192)
+        assert fixed(256, 20000)[0] == fixed(16384, 14336)[0] == fixed(8, 65537, torch.float32)[0] == 0
+        assert fixed(8, 40000, residual=True)[0] == fixed(8, 131072, residual=True)[0] == 0
+    spec = OPS["rms_norm"]
+    everywhere = {"FIXED_WIDTH_MIN": 0, "FIXED_WIDTH_MAX": 10**6}
+    for stats in (None, _rows.StatsBlock(0, 10**6, 256, 1)):
+        tuning = rms_norm.TUNING._replace(stats_block=stats)
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(rms_norm, TUNING=tuning, **everywhere):
+            for dtype, n, layout in (("bfloat16", 1000, "transposed"), ("float16", 1024, "contiguous"),
+                                     ("bfloat16", 777, "padded")):
+                x = torch.zeros(3, n, dtype=getattr(torch, dtype), device=fuseaudit_device)
+                plan = rms_norm._plan("rms_norm", x, None, x[0], 1e-6)
+                assert plan.kernel is rms_norm.rms_norm_wide_kernel and plan.meta["N_FIXED"] == n
+                assert plan.meta["BLOCK_S"] == (256 if stats else plan.meta["BLOCK_N"])
+                case = Case(op="rms_norm", dtype=dtype, dims={"lead": (3,), "N": n},
+                            layouts={name: layout for name in spec.input_names}, params=spec.defaults(), seed=n)
+                run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                         target=spec.reference).raise_for_failures()
 
 
 def test_rms_norm_streams_wide_rows(fuseaudit_device):
@@ -707,8 +765,8 @@ def test_paired_rows(fuseaudit_device):
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_stats_block(op, fuseaudit_device):
     """Many half-precision rows of 57344 to 65536 (rms_norm: 73728) loop with pass 1 in blocks of 32768, summed a
-    16-byte vector at a time (``_rows.StatsBlock``, measured on the H200); fewer rows (rms_norm 1024,
-    layer_norm 2048), other widths, float32 and the residual variants keep
+    16-byte vector at a time (``_rows.StatsBlock``, measured on the H200); fewer than 2048 rows, other widths,
+    float32 and the residual variants keep
     pass 1 in the looped kernel's own blocks.  With the cap lowered to 256 bytes and a StatsBlock for every width,
     rows of 1000 (pass 1 in blocks of 256 and 512 against pass 2's 64: masked last blocks) and of 1024 (whole
     blocks), bfloat16 and float16, contiguous and strided, and layer_norm's hard value regimes (its shift ``k`` is
@@ -721,7 +779,7 @@ def test_stats_block(op, fuseaudit_device):
 
     module = importlib.import_module(f"fuseaudit.kernels.{op}")
     wide_kernel = getattr(module, f"{op}_wide_kernel")
-    max_n, min_rows = {"rms_norm": (73728, 1024), "layer_norm": (65536, 2048)}[op]
+    max_n, min_rows = {"rms_norm": (73728, 2048), "layer_norm": (65536, 2048)}[op]
     assert module.TUNING.stats_block == _rows.StatsBlock(57344, max_n, 32768, min_rows), "as measured"
     assert module.ADD_TUNING.stats_block is None
 
