@@ -647,12 +647,15 @@ def test_narrow_rows_loop(op, fuseaudit_device):
 def test_split_warps():
     """A split row gets ``2 x element size`` warps, more where a thread would hold over ``SPLIT_MAX_PER_THREAD``
     elements: the layer_norms' half-precision rows of 8192 + 4096 (N = 11008) and 8192 + 2048 in 8 warps, 8192 +
-    1024 (9000), 5120 and 6000 in 4; rms_norm's uneven rows held whole (RowTuning.uneven_split) alike."""
+    1024 (9000), 5120 and 6000 in 4 (plain layer_norm's many rows of 5120 loop instead: NarrowLooped); rms_norm's
+    uneven rows held whole (RowTuning.uneven_split) alike."""
     from fuseaudit.kernels import _rows, layer_norm, rms_norm
 
     cases = ((11008, 2, 8), (12000, 2, 8), (10000, 2, 8), (9000, 2, 4), (8200, 2, 4), (5120, 2, 4), (6000, 2, 4),
              (3000, 2, 4), (11008, 4, 8), (5120, 4, 8))
-    for tuning, rows, widths in ((layer_norm.TUNING, 16384, cases), (layer_norm.ADD_TUNING, 16384, cases),
+    assert _rows.row_block_config(16384, 5120, 2, layer_norm.TUNING).wide
+    plain = tuple(c for c in cases if c[:2] != (5120, 2))
+    for tuning, rows, widths in ((layer_norm.TUNING, 16384, plain), (layer_norm.ADD_TUNING, 16384, cases),
                                  (rms_norm.TUNING, 1024, ((9000, 2, 4), (11008, 2, 8), (14336, 2, 8)))):
         for n, element_size, warps in widths:
             blocks = _rows.row_block_config(rows, n, element_size, tuning)
