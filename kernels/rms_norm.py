@@ -27,7 +27,8 @@ Three kernels share the work:
   (twice that with a residual, see ``ADD_TUNING``): it loops over column
   blocks twice (sum of squares, then normalise), so the row is read twice;
   the second read usually hits L2 (for many rows of 65536 only once pass 1
-  takes wider blocks, see ``_rows.StatsBlock``).
+  takes wider blocks, see ``_rows.StatsBlock``).  Most half-precision rows
+  it takes are compiled for their width (``N_FIXED``, see ``FIXED_WIDTH_MAX``).
 * :func:`rms_norm_coop_kernel` is for a few wide rows (decode): each row is
   split over ``SPLITS`` programs of one cooperative launch (see ``_coop.py``).
   Each holds a chunk in registers and publishes its sum of squares; the
