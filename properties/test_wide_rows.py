@@ -20,6 +20,20 @@ from fuseaudit.check import run_case
 from fuseaudit.strategies import cases
 from fuseaudit.tolerance import compare
 
+
+def _plan_for(op: str, rows: int, n: int, dtype: torch.dtype, device: str):
+    """The plan ``op``'s wrapper builds for zero ``(rows, n)`` inputs (add_*: x as the residual too; weight and bias:
+    x's first row), to read its kernel and constants."""
+    import importlib
+
+    module = importlib.import_module(OPS[op].reference.split(":")[0])
+    x = torch.zeros(rows, n, dtype=dtype, device=device)
+    if op == "softmax":
+        return module._plan(x, 1.0)
+    vectors = (x[0],) * (1 if "rms" in op else 2)
+    return module._plan(op, x, x if op.startswith("add_") else None, *vectors, 1e-5)
+
+
 WIDE_OPS = [OPS[name] for name in ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")]
 
 
@@ -628,9 +642,7 @@ def test_narrow_rows_loop(op, fuseaudit_device):
     assert layer_norm.FIXED_WIDTH_MAX == 49151, "as measured"
 
     def fixed(rows, n, dtype=torch.bfloat16, residual=False):
-        x = torch.zeros(rows, n, dtype=dtype, device=fuseaudit_device)
-        plan = layer_norm._plan("add_layer_norm" if residual else "layer_norm", x, x if residual else None,
-                                x[0], x[0], 1e-5)
+        plan = _plan_for("add_layer_norm" if residual else "layer_norm", rows, n, dtype, fuseaudit_device)
         assert plan.kernel is layer_norm.layer_norm_wide_kernel, (rows, n)
         return plan.meta["N_FIXED"]
 
@@ -680,8 +692,7 @@ def test_rms_norm_fixed_width(fuseaudit_device):
     assert rms_norm.TUNING.half_long_few == (1024, rms_norm.FIXED_BLOCK, 32), "as measured"
 
     def fixed(rows, n, dtype=torch.bfloat16, residual=False):
-        x = torch.zeros(rows, n, dtype=dtype, device=fuseaudit_device)
-        plan = rms_norm._plan("add_rms_norm" if residual else "rms_norm", x, x if residual else None, x[0], 1e-6)
+        plan = _plan_for("add_rms_norm" if residual else "rms_norm", rows, n, dtype, fuseaudit_device)
         assert plan.kernel is rms_norm.rms_norm_wide_kernel, (rows, n)
         return plan.meta["N_FIXED"], plan.meta["BLOCK_N"]
 
@@ -698,8 +709,7 @@ def test_rms_norm_fixed_width(fuseaudit_device):
         with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(rms_norm, TUNING=tuning, **everywhere):
             for dtype, n, layout in (("bfloat16", 1000, "transposed"), ("float16", 1024, "contiguous"),
                                      ("bfloat16", 777, "padded")):
-                x = torch.zeros(3, n, dtype=getattr(torch, dtype), device=fuseaudit_device)
-                plan = rms_norm._plan("rms_norm", x, None, x[0], 1e-6)
+                plan = _plan_for("rms_norm", 3, n, getattr(torch, dtype), fuseaudit_device)
                 assert plan.kernel is rms_norm.rms_norm_wide_kernel and plan.meta["N_FIXED"] == n
                 assert plan.meta["BLOCK_S"] == (256 if stats else plan.meta["BLOCK_N"])
                 case = Case(op="rms_norm", dtype=dtype, dims={"lead": (3,), "N": n},
@@ -725,9 +735,7 @@ def test_rms_norm_streams_wide_rows(fuseaudit_device):
             spec = OPS[op]
             case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
                         layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(), seed=n)
-            x = torch.randn(3, n, dtype=torch.bfloat16, device=fuseaudit_device)
-            weight = torch.ones(n, dtype=torch.bfloat16, device=fuseaudit_device)
-            plan = rms_norm._plan(op, x, x if op == "add_rms_norm" else None, weight, 1e-6)
+            plan = _plan_for(op, 3, n, torch.bfloat16, fuseaudit_device)
             assert plan.kernel is rms_norm.rms_norm_wide_kernel and plan.meta["STREAM_Y"] is streams, (op, n)
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
@@ -760,8 +768,7 @@ def test_paired_rows(fuseaudit_device):
                     layouts={name: "contiguous" for name in spec.input_names}, params=spec.defaults(), seed=4096)
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
-    x = torch.zeros(1024, 4096, dtype=torch.bfloat16, device=fuseaudit_device)
-    plan = rms_norm._plan("rms_norm", x, None, x[0], 1e-6)
+    plan = _plan_for("rms_norm", 1024, 4096, torch.bfloat16, fuseaudit_device)
     assert plan.meta["BLOCK_M"] == config(1024, 4096, 2, interpreter=_rows.interpreting()).block_m
 
 
@@ -803,9 +810,7 @@ def test_stats_block(op, fuseaudit_device):
                 module, TUNING=module.TUNING._replace(stats_block=stats), **past_fixed):
             for dtype, n, layout in (("bfloat16", 1000, "transposed"), ("float16", 1024, "contiguous"),
                                      ("bfloat16", 1024, "padded")):
-                x = torch.zeros(3, n, dtype=getattr(torch, dtype), device=fuseaudit_device)
-                vectors = (x[0],) * (1 if op == "rms_norm" else 2)
-                plan = module._plan(op, x, None, *vectors, 1e-5)
+                plan = _plan_for(op, 3, n, getattr(torch, dtype), fuseaudit_device)
                 assert plan.kernel is wide_kernel and plan.meta["BLOCK_S"] == block > plan.meta["BLOCK_N"]
                 assert plan.meta.get("N_FIXED", 0) == 0
                 for regime in regimes:
@@ -838,12 +843,9 @@ def test_even_blocks(spec, fuseaudit_device):
                 case = Case(op=spec.name, dtype=dtype, dims={"lead": (3,), "N": n}, regime="normal",
                             layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(),
                             seed=n + prefetch)
-                x = torch.zeros(3, n, dtype=getattr(torch, dtype), device=fuseaudit_device)
-                blocks = _rows.row_block_config(3, n, x.element_size(), patched)
+                blocks = _rows.row_block_config(3, n, getattr(torch, dtype).itemsize, patched)
                 assert blocks.wide and blocks.prefetch == prefetch
-                plan = module._plan(x, 1.0) if spec.name == "softmax" else module._plan(
-                    spec.name, x, x if spec.name.startswith("add_") else None,
-                    *(x[0],) * (1 if "rms" in spec.name else 2), 1e-5)
+                plan = _plan_for(spec.name, 3, n, getattr(torch, dtype), fuseaudit_device)
                 even = n == 1024 and not (spec.name == "softmax" and dtype == "float32")
                 assert plan.meta["EVEN"] is even, (dtype, n)
                 run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
