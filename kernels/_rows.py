@@ -501,6 +501,28 @@ class HalfShort(NamedTuple):
     min_rows: int
 
 
+class HalfLong(NamedTuple):
+    """Half-precision rows past the cap, ``min_n`` to ``max_n`` columns (0: any): blocks of ``block`` in ``warps``.
+
+    Wide rows move the most bytes per program: larger blocks in more warps
+    keep more of a row in flight, and a row of 65536 in blocks of 32768 is
+    two loads of 64 KiB.  ``prefetch`` is the looped kernel's
+    ``RowBlocks.prefetch`` for these rows (None: the tuning's
+    ``wide_prefetch``).  Each op's tuning says what it measured and where
+    the rule stops paying (``max_n``).
+    """
+
+    min_n: int
+    block: int
+    warps: int
+    max_n: int = 0
+    prefetch: int | None = None
+
+    def applies(self, n: int) -> bool:
+        """Whether rows of ``n`` columns (half precision, past the cap) take these blocks."""
+        return self.min_n <= n and (not self.max_n or n <= self.max_n)
+
+
 class NarrowLooped(NamedTuple):
     """``min_rows`` or more half-precision rows of ``min_n`` to ``max_n`` elements, which fit whole, looped over.
 
@@ -633,11 +655,11 @@ class RowTuning(NamedTuple):
     # Half-precision rows past the cap that loop in smaller blocks (see
     # HalfShort); None: half the cap in wide_warps warps.
     half_short: HalfShort | None = None
-    # (min_n, BLOCK_N, warps) of the looped kernel for half-precision rows of
-    # at least min_n elements; None: half the cap in wide_warps warps.  Each
-    # op's tuning says what it measured (softmax and the residual norms: blocks
-    # of 16384 in 16 warps from 65536 columns).
-    half_long: tuple[int, int, int] | None = None
+    # The looped kernel's blocks for the widest half-precision rows (see
+    # HalfLong); None: half the cap in wide_warps warps.  Each op's tuning
+    # says what it measured (the residual norms: blocks of 16384 in 16 warps
+    # from 65536 columns).
+    half_long: HalfLong | None = None
     # (max_rows, BLOCK_N, warps) replacing half_long's blocks where there are
     # at most max_rows rows: one program a row, each alone on its SM.
     half_long_few: tuple[int, int, int] | None = None
@@ -650,6 +672,9 @@ class RowTuning(NamedTuple):
     # The looped kernel's RowBlocks.prefetch in half precision, in float32.
     wide_prefetch: int = 0
     float32_wide_prefetch: int = 0
+    # elements_per_thread for float32 rows held whole within the cap (MAX_FUSED_BYTES); 0: elements_per_thread.
+    # Each op's tuning says what it measured.
+    float32_elements_per_thread: int = 0
     # Rows of exactly two blocks that loop over them once there are enough of
     # them (see TwoBlocks), in half precision and in float32; None: those
     # rows follow the other rules.
@@ -783,11 +808,12 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
         short = tuning.half_short
         if element_size == 2 and short and rows >= short.min_rows and short.block < n < short.max_n:
             return RowBlocks(1, short.block, short.warps, True, prefetch=prefetch)
-        if element_size == 2 and tuning.half_long and n >= tuning.half_long[0]:
-            _, block, warps = tuning.half_long
+        long = tuning.half_long
+        if element_size == 2 and long and long.applies(n):
+            block, warps = long.block, long.warps
             if tuning.half_long_few and rows <= tuning.half_long_few[0]:
                 _, block, warps = tuning.half_long_few
-            return RowBlocks(1, block, warps, True, prefetch=prefetch)
+            return RowBlocks(1, block, warps, True, prefetch=prefetch if long.prefetch is None else long.prefetch)
         warps = tuning.wide_warps
         mid = tuning.half_mid_warps
         if element_size == 2 and mid and n < mid[0] and rows >= mid[2]:
@@ -801,8 +827,12 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     block_m = min(by_tile, 1 << (by_grid.bit_length() - 1))  # powers of two
     if interpreter:
         block_m = min(next_pow2(rows), max(INTERPRETER_TILE // block_n, 1))
-    threads = block_m * block_n // tuning.elements_per_thread
-    max_warps = tuning.max_warps if block_n * element_size <= max_fused_bytes else WIDE_WHOLE_ROW_WARPS
+    within_cap = block_n * element_size <= max_fused_bytes
+    per_thread = tuning.elements_per_thread
+    if element_size == 4 and within_cap and tuning.float32_elements_per_thread:
+        per_thread = tuning.float32_elements_per_thread
+    threads = block_m * block_n // per_thread
+    max_warps = tuning.max_warps if within_cap else WIDE_WHOLE_ROW_WARPS
     num_warps = min(max(next_pow2(threads) // 32, MIN_WARPS), max_warps)
     cap_warps = tuning.float32_cap_warps
     if cap_warps and element_size == 4 and n == cap and rows >= cap_warps[0]:

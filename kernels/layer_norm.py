@@ -57,9 +57,10 @@ Three kernels share the work:
   within ``sqrt(N / BLOCK_N - 1)`` standard deviations of the row's (so the
   exact fallback, a third read of the row, only runs past ``N = 17 *
   BLOCK_N``; each lane adds ``N / BLOCK_N`` terms before a tree of
-  ``log2(BLOCK_N)``: 21 deep at N = 65536 where the whole-row tree is 16;
-  many rows of 65536 take pass 1 in blocks of 32768, see ``_rows.StatsBlock``,
-  whose lanes first sum their 8-element vectors: 8 + 2 + 12 deep).
+  ``log2(BLOCK_N)``: 29 deep at N = 131072 where the whole-row tree is 17;
+  a tuning's ``_rows.StatsBlock``, none by default since rows of 65536 went
+  to Welford's pass, takes pass 1 in wider blocks whose lanes first sum
+  their 8-element vectors: 8 + 2 + 12 deep at N = 65536 in blocks of 32768).
   Otherwise each block's mean and sum of squared deviations ``M2`` are
   two-pass values (the block is in registers), and blocks merge with Chan et
   al.'s parallel formula, which has no cancellation::
@@ -104,10 +105,10 @@ from ._coop import (
 )
 from ._launch import Plan, output_like, planned
 from ._rows import (
+    HalfLong,
     HalfShort,
     NarrowLooped,
     RowTuning,
-    StatsBlock,
     TailSplit,
     add_residual,
     aligned_width,
@@ -166,7 +167,7 @@ from ._rows import (
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
                    float32_whole_from=16384, float32_wide=(8192, 16),
                    half_short=HalfShort(32768, 4096, 8, min_rows=256), half_mid_warps=(49152, 16, 1024),
-                   stats_block=StatsBlock(57344, 65536, 32768, 2048),
+                   half_long=HalfLong(49152, 16384, 32, max_n=98304), float32_elements_per_thread=8,
                    half_looped=(NarrowLooped(12289, 16384, 256, (4096, 2048), 16),
                                 NarrowLooped(5121, 8192, 1024, (4096, 2048), 8),
                                 NarrowLooped(4097, 5120, 1024, (1024,), 8),
@@ -187,12 +188,22 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # 16384 x 5120 86.21 -> 83.63, 16384 x 8192 136.00 -> 131.58 (2048 x 8 warps 131.47).  Rows of 1024 tied (16384
 # rows 22.02 -> 21.89 at best), rows of 11008 (no block divides them) and float32 rows lost (16384 x 11008 184.94 ->
 # 194.02, float32 16384 x 4096 136.54 -> 145.49).
-# Many half-precision rows of 57344 to 65536 take pass 1 (the shifted sums) in blocks of
-# 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
-# in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt, even-session23.txt):
-# 16384 rows of 49152 944.9 -> 996.0, 57344 1134.2 -> 1087.6, 65536 1314.8 -> 1182.1 (fp16
-# 1342.6 -> 1150.1), 73728 1529.3 -> 1525.2 (a tie), 8192 x 98304 1062.9 -> 1195.6; rows of
-# 65536: 2048 175.4 -> 165.7, 1024 91.1 -> 92.5, 512 49.4 -> 52.9.
+# Half-precision rows of 49152 to 98304 loop in blocks of 16384 in 32 warps (HalfLong), compiled for their width with
+# Welford's pass 1 (FIXED_WIDTH_MAX).  They had taken blocks of 8192 in 32 warps, N at runtime, and from 2048 rows
+# of 57344 to 65536 pass 1 (the shifted sums) in blocks of 32768 (StatsBlock; the twenty-third session's rule: 16384
+# x 65536 1314.8 -> 1182.1 µs, stats-range-session23.txt, which no op's tuning now takes by default).  H200, event µs
+# after an L2 flush, those rules -> these (row-configs-probe2-session28.txt, row-configs-probe3-session28.txt): bf16
+# 16384 x 49152 923.1 -> 832.3, 16384 x 57344 1079.6 -> 1003.8, 16384 x 65536 1163.3 -> 1122.9 (fp16 1145.2 ->
+# 1118.3), 16384 x 73728 1518.8 -> 1341.3 (N at runtime 1670.3), 16384 x 98304 2090.6 -> 2071.3, 4096 x 65536 304.1 ->
+# 293.9, 2048 x 65536 164.2 -> 156.3, 1024 x 65536 90.2 -> 84.9 (fp16 89.8 -> 80.1), 512 x 65536 48.7 -> 47.2, 256 x
+# 65536 27.9 -> 27.2, 128 x 65536 16.2 -> 14.6, 1024 x 98304 140.1 -> 134.2, 1024 x 49152 66.5 -> 63.0.  Blocks of
+# 32768 lost (1024 x 65536 92.4), as did 16 warps (97.5) and rows of 131072 (16384 rows 2758.2 -> 2942.8, 1024 rows
+# 189.3 -> 186.9): they keep blocks of 8192 and N at runtime.
+# float32 rows held whole within the cap run a thread to 8 elements, not 32 (float32_elements_per_thread; rows of
+# 2048 in 8 warps rather than 4, rows of 4096 in 8 (max_warps) rather than 4).  H200, event µs after an L2 flush,
+# (row-configs-probe2-session28.txt, row-configs-probe3-session28.txt): 16384 x 2048 69.6 -> 68.7 and 69.9 -> 68.7,
+# 4096 x 2048 21.9 -> 21.2, 1024 x 2048 8.69 -> 8.19, 64 x 2048 4.91 -> 4.83, 8 x 2048 4.77 -> 4.64, 16384 x 4096
+# 136.2 -> 134.5 (16 warps 131.9), 16384 x 1024 (two rows a program) 38.35 -> 38.14.
 # The residual variant keeps every half-precision row up to 64 KiB whole, padded or
 # not: at N = 24000 (16384 rows) 758.2 µs whole vs 865.0 looped (but 8 rows: 15.9 vs
 # 11.1).  Its looped kernel prefetches, in pass 1 for half precision and both passes
@@ -213,8 +224,8 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # rows 140.9 -> 136.5, 1024 rows 40.5 -> 39.6, 256 rows 13.70 -> 13.41.  (Plain layer_norm tied, 265.3 -> 265.0, and
 # add_rms_norm too, 526.3 -> 527.4.)
 ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
-                             half_short=None, half_long=(65536, 16384, 16), float32_cap_warps=(256, 16),
-                             half_mid_warps=None, stats_block=None, half_looped=())
+                             half_short=None, half_long=HalfLong(65536, 16384, 16), float32_cap_warps=(256, 16),
+                             half_mid_warps=None, stats_block=None, half_looped=(), float32_elements_per_thread=0)
 
 # The cooperative kernel loads weight and bias before it waits for the row's
 # other programs when its chunk is at most this many elements.  Larger
@@ -234,8 +245,9 @@ COOP_EARLY_MAX = 8192
 # 16384 rows 1153.8 against 1490.7-1632.2 (ptxas spills) or 1169.6 for shifted sums about x0 with N compiled in (fp16
 # 1141.1 and 1226.8).  N compiled in with the shifted sums as they were (k the first block's mean) lost too: 16384 x
 # 65536 1174.3 -> 1487.6.  Re-measured with fuseaudit bench (bench-ln-fixed-width-session26.txt): 16384 x 32768 541.6
-# µs, 93% of copy, 1.20x torch.compile (fp16 518.7, 98%).
-FIXED_WIDTH_MAX = 49151
+# µs, 93% of copy, 1.20x torch.compile (fp16 518.7, 98%).  Rows of 49152 to 98304 in blocks of 16384 in 32 warps won
+# with it in the twenty-eighth session (see TUNING): 16384 x 65536 1163.3 -> 1122.9 µs, 1024 x 65536 90.2 -> 84.9.
+FIXED_WIDTH_MAX = 98304
 
 # One pass while (mean - x0)^2 <= ONE_PASS_RATIO * var, i.e. x0 within 4 std of the mean.
 ONE_PASS_RATIO = tl.constexpr(16.0)

@@ -26,8 +26,9 @@ Three kernels share the work:
 * :func:`rms_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
   (twice that with a residual, see ``ADD_TUNING``): it loops over column
   blocks twice (sum of squares, then normalise), so the row is read twice;
-  the second read usually hits L2 (for many rows of 65536 only once pass 1
-  takes wider blocks, see ``_rows.StatsBlock``).  Most half-precision rows
+  the second read usually hits L2 (for many rows of 57344 to 65535 only
+  once pass 1 takes wider blocks, see ``_rows.StatsBlock``; rows of 65536
+  and more loop in blocks of 32768, see ``TUNING``).  Most half-precision rows
   it takes are compiled for their width (``N_FIXED``, see ``FIXED_WIDTH_MAX``).
 * :func:`rms_norm_coop_kernel` is for a few wide rows (decode): each row is
   split over ``SPLITS`` programs of one cooperative launch (see ``_coop.py``).
@@ -61,6 +62,7 @@ from ._coop import (
 from ._launch import Plan, output_like, planned
 from ._rows import (
     FLOAT32_WHOLE_MAX,
+    HalfLong,
     HalfShort,
     ManyRows,
     PairedRows,
@@ -145,24 +147,28 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
                    float32_wide_prefetch=2,
                    two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2),
                    float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 8192, 8, 2),
-                   paired_rows=PairedRows(4096, 8, 1024), stats_block=StatsBlock(57344, 73728, 32768, 2048),
-                   half_long=(65536, 8192, 32), half_long_few=(1024, 16384, 32))
-# Many half-precision rows of 57344 to 73728 take pass 1 of the looped kernel in blocks of
+                   paired_rows=PairedRows(4096, 8, 1024), stats_block=StatsBlock(57344, 65535, 32768, 2048),
+                   half_long=HalfLong(65536, 32768, 32), half_long_few=(128, 16384, 32))
+# Many half-precision rows of 57344 to 65535 take pass 1 of the looped kernel in blocks of
 # 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
 # in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt): 16384 rows
 # of 49152 829.5 -> 862.1, 57344 1046.1 -> 973.9, 65536 1223.5 -> 1048.3, 73728 1401.5 ->
 # 1282.6, 8192 x 98304 955.2 -> 1046.2; rows of 65536: 2048 158.9 -> 145.4, 1024 81.7 ->
-# 79.9, 512 44.5 -> 45.6.
-# Up to 1024 half-precision rows of 65536 and more loop in blocks of 16384 in 32 warps
-# (half_long_few; half_long repeats the default blocks for more rows), compiled for their
-# width (see FIXED_WIDTH_MAX), and so StatsBlock starts at 2048 rows.  H200, bf16, event µs
-# after an L2 flush, the twenty-sixth session's rule (8192 x 32 warps, pass 1 in 32768 from
-# 1024 rows, N at runtime) -> 16384 x 32 warps with N compiled in (row-configs-rms-fixed-
-# session27.txt, row-configs-rms-fixed2-session27.txt): rows of 65536: 1024 79.6 -> 75.5
-# and 79.8 -> 76.0 (pass 1 in 32768 with N compiled in: 78.0, 77.8), 512 44.0 -> 41.3,
-# 128 14.5 -> 13.2; 2048 rows tied (141.5 with pass 1 in 32768 and N compiled in, 142.7),
-# 4096 and 16384 rows did not (268.4 and 1027.3 against 274.7 and 1069.3).  Without N
-# compiled in those blocks lost (1024 x 65536 83.7, 16384 x 65536 1264.2).
+# 79.9, 512 44.5 -> 45.6.  (Rows of 65536 and more now loop in blocks of 32768, below.)
+# Half-precision rows of 65536 and more loop in blocks of 32768 in 32 warps (half_long),
+# compiled for their width (FIXED_BLOCK): both passes in the blocks that pass 1 alone took
+# before.  Up to 128 rows, blocks of 16384 (half_long_few).  H200, bf16 unless marked,
+# event µs after an L2 flush, the twenty-seventh session's rules (8192 x 32 warps, pass 1
+# in 32768 from 2048 rows; 16384 x 32 up to 1024 rows; N compiled in to 65536 or in blocks
+# of 16384) -> blocks of 32768 (row-configs-probe2-session28.txt, row-configs-probe3-
+# session28.txt): rows of 65536: 16384 1030.6 -> 994.5, fp16 1118.0 -> 994.8, 4096 268.8
+# -> 255.7, 2048 141.1 -> 132.6, 1024 75.9 -> 71.3 (fp16 75.7 -> 71.5), 512 41.5 -> 40.9,
+# 256 24.5 -> 24.6 (a tie), 128 13.2 -> 13.4 (so 16384 there); 16384 x 131072 2657.6 ->
+# 2328.5, 8192 x 131072 1341.6 -> 1173.5, 1024 x 131072 172.5 -> 161.2, 256 x 131072 47.7
+# -> 46.6, 16384 x 80000 1543.8 -> 1279.8, 16384 x 73728 1277.7 -> 1253.7.  Rows of
+# 98304 lost a little (16384 rows 1886.1 -> 1911.0, 8192 rows 952.6 -> 962.6; 16384 x 32
+# warps 1840.2), as did these blocks below 65536 (16384 x 57344 944.4 -> 955.2, 16384 x
+# 49152 798.2 -> 785.3 but 1024 x 32768 38.0 -> 41.5).
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
@@ -179,7 +185,8 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
                              split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
-                             half_long=(65536, 16384, 16), half_long_few=None, paired_rows=None, stats_block=None)
+                             half_long=HalfLong(65536, 16384, 16), half_long_few=None, paired_rows=None,
+                             stats_block=None)
 
 # The looped kernel stores y evict-first (L2 lines it would otherwise hold go
 # to the rows whose second read is still to come) in rows of this many bytes
@@ -194,8 +201,9 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
 STREAM_Y_MIN_BYTES = 128 * 1024
 
 # Half-precision rows of FIXED_WIDTH_MIN to FIXED_WIDTH_MAX without a residual (those that loop in blocks of 8192),
-# and any that loop in blocks of FIXED_BLOCK (half_long_few), are compiled for their width: the looped kernel's
-# N_FIXED, one compile per hidden size, as torch.compile's kernels are.  Its loops then have constant trip counts.
+# and any that loop in blocks of FIXED_BLOCK or wider (half_long, half_long_few), are compiled for their width: the
+# looped kernel's N_FIXED, one compile per hidden size, as torch.compile's kernels are.  Its loops then have constant
+# trip counts.
 # H200, event µs after an L2 flush, N at runtime -> compiled in (row-configs-rms-fixed-session27.txt,
 # row-configs-rms-fixed2-session27.txt): bf16 16384 x 24000 385.9 -> 367.7 (torch.compile 368.6), 16384 x 30000
 # 481.4 -> 460.4, 16384 x 32768 507.7 -> 502.2 (fp16 502.2 -> 502.3), 4096 x 32768 133.7 -> 130.4, 1024 x 32768

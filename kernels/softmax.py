@@ -56,6 +56,7 @@ from . import _rows
 from ._coop import arrive_and_wait, coop_config, gather, launch_options, publish, workspace
 from ._launch import Plan, output_like, planned
 from ._rows import (
+    HalfLong,
     RowTuning,
     TailSplit,
     TwoBlocks,
@@ -93,6 +94,13 @@ from ._rows import (
 # 128256 32.5 -> 29.9, 64 x 151936 33.4 -> 28.3, 128 x 65536 17.5 -> 16.4, float16 64 x
 # 128256 25.9 -> 22.2; at 256 rows a tie or a loss, 256 x 65536 25.9 -> 29.7;
 # softmax-vocab-session17.txt).
+# Those rows prefetch in pass 1 (HalfLong.prefetch; the others do not, see above).  H200, event µs after an L2 flush,
+# 0 -> 1 pass (reports/h200/row-configs-probe2-session28.txt, row-configs-probe3-session28.txt): bf16 16384 x 65536
+# 1161.0 -> 1128.4 and 1162.5 -> 1132.7 (2 passes 1553.4), fp16 1142.6 -> 1123.2, 4096 x 65536 299.2 -> 294.1,
+# 16384 x 131072 2578.4 -> 2558.9, 1024 x 65536 82.5 -> 82.2, 128 x 65536 (32768 x 32) 16.7 -> 16.5.  Narrower rows
+# in their blocks lost (16384 x 14336 244.3 -> 274.9, 20000 363.7 -> 391.9, 24000 393.5 -> 421.2; 40000 725.2 ->
+# 711.9 a win, 32768 534.9 -> 534.5 a tie), and so did blocks of 16384 prefetching below 65536 (16384 x 57344
+# 1078.3 -> 1108.9, 16384 x 40000 725.2 -> 832.8; 1024 x 49152 66.0 -> 62.1 won).
 # Uneven rows that blocks of 8192 pad no more than blocks of 4096 (12289 to 16383 columns) loop in
 # two blocks of 8192 in 8 warps (RowTuning.uneven_large; H200, event time after an L2 flush, 4096 x
 # 4 warps -> 8192 x 8, µs, uneven-blocks-session19.txt, uneven-rules-session19.txt): bf16 16384 x
@@ -116,7 +124,7 @@ TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_bl
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
                    two_blocks=TwoBlocks(2048, 8192, 8, 0),
-                   half_long=(65536, 16384, 16), half_long_few=(128, 32768, 32))
+                   half_long=HalfLong(65536, 16384, 16, prefetch=1), half_long_few=(128, 32768, 32))
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and
 # LN2_LO are ln 2 rounded to float32 and what that rounding drops.

@@ -184,11 +184,42 @@ def test_float32_cap_warps(fuseaudit_device):
                  target=spec.reference).raise_for_failures()
 
 
+def test_float32_elements_per_thread(fuseaudit_device):
+    """layer_norm's float32 rows held whole within the cap run 8 elements a thread (``float32_elements_per_thread``,
+    measured on the H200): rows of 2048 in 8 warps, 4096 in 8 (its ``max_warps``), two rows of 1024 a program in 8;
+    rows past the cap, half precision, add_layer_norm and the other ops keep 32 (softmax 16) a thread.  Rows of 2048
+    and 4096 then go through layer_norm in float32 against float64."""
+    from fuseaudit.kernels import _rows, layer_norm, rms_norm, softmax
+
+    from fuseaudit.case import Case
+
+    def gpu(rows, n, size, tuning=layer_norm.TUNING):
+        return _rows._row_block_config(rows, n, size, tuning, _rows.MAX_FUSED_BYTES, False)
+
+    assert layer_norm.TUNING.float32_elements_per_thread == 8, "as measured"
+    for other in (layer_norm.ADD_TUNING, rms_norm.TUNING, rms_norm.ADD_TUNING, softmax.TUNING):
+        assert other.float32_elements_per_thread == 0
+    plain = layer_norm.TUNING._replace(float32_elements_per_thread=0)
+    for rows, n, block_m, warps in ((8, 2048, 1, 8), (16384, 2048, 1, 8), (16384, 4096, 1, 8), (16384, 1024, 2, 8),
+                                    (1, 1024, 1, 4)):
+        assert gpu(rows, n, 4)[:4] == (block_m, n, warps, False), (rows, n)
+        assert gpu(rows, n, 4, plain).num_warps == 4, (rows, n)
+    for rows, n, size in ((16384, 16384, 4), (16384, 2048, 2), (16384, 4096, 2), (16384, 5120, 4)):
+        assert gpu(rows, n, size) == gpu(rows, n, size, plain), (rows, n, size)
+    spec = OPS["layer_norm"]
+    for n in (2048, 4096):
+        case = Case(op="layer_norm", dtype="float32", dims={"lead": (16,), "N": n},
+                    layouts={name: "padded" for name in spec.input_names}, params=spec.defaults(), seed=n)
+        run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                 target=spec.reference).raise_for_failures()
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 def test_layer_norm_rows_past_the_cap(op, fuseaudit_device):
     """Half-precision rows past 16384 loop in layer_norm, prefetching (its looped pass 1 sums shifted values): in
     blocks of 4096 in 8 warps below 32768 (RowTuning.half_short), of 8192 in 16 warps from there up to 49151
-    (RowTuning.half_mid_warps, from 1024 rows), in 32 warps beyond and for fewer rows; add_layer_norm holds them
+    (RowTuning.half_mid_warps, from 1024 rows) and in 32 warps for fewer rows, of 16384 in 32 warps from 49152 to
+    98304 (RowTuning.half_long), of 8192 in 32 warps beyond; add_layer_norm holds them
     whole up to 32768, padded or not.  Every such row goes through its kernel against float64."""
     from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
 
@@ -202,8 +233,9 @@ def test_layer_norm_rows_past_the_cap(op, fuseaudit_device):
         if op == "layer_norm":
             expected = (4096, 8) if n < 32768 else (8192, 16)
             assert (blocks.block_n, blocks.num_warps, blocks.wide, blocks.prefetch) == (*expected, True, 1), n
-            for rows, n_wide, warps in ((1024, 49151, 16), (1023, 32768, 32), (16384, 49152, 32)):
-                assert _rows.row_block_config(rows, n_wide, 2, tuning)[1:4] == (8192, warps, True), (rows, n_wide)
+            for rows, n_wide, block, warps in ((1024, 49151, 8192, 16), (1023, 32768, 8192, 32),
+                                               (16384, 49152, 16384, 32), (16384, 131072, 8192, 32)):
+                assert _rows.row_block_config(rows, n_wide, 2, tuning)[1:4] == (block, warps, True), (rows, n_wide)
         else:
             assert (blocks.block_n, blocks.wide) == (32768, False) and blocks.num_warps == _rows.WIDE_WHOLE_ROW_WARPS
         case = Case(op=op, dtype="bfloat16", dims={"lead": (3,), "N": n}, regime="normal",
@@ -515,12 +547,12 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
 
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_long_half_rows(op, fuseaudit_device):
-    """Half-precision rows from ``half_long[0]`` columns on loop in its larger blocks (softmax and the residual
-    norms; rms_norm's repeat its default blocks; layer_norm has no such rule), with few rows in
-    ``half_long_few``'s (softmax, rms_norm), narrower rows and
-    float32 keep their rules; with the rules lowered to rows of 1000 (blocks of 256, the last partial; 512 for two
-    rows) strided bfloat16 rows go through them against float64, and rows one column narrower through the default
-    blocks."""
+    """The widest half-precision rows loop in ``half_long``'s blocks (``_rows.HalfLong``, measured on the H200):
+    softmax and the residual norms from 65536 columns in blocks of 16384 in 16 warps (softmax prefetching), rms_norm
+    from 65536 in 32768 x 32, layer_norm from 49152 to 98304 in 16384 x 32; with few rows in ``half_long_few``'s
+    (softmax, rms_norm).  Narrower rows, layer_norm's wider ones and float32 keep their rules; with the rules lowered
+    to rows of 1000 (blocks of 256, the last partial; 512 for two rows) strided bfloat16 rows go through them against
+    float64, and rows one column narrower through the default blocks."""
     import importlib
 
     from fuseaudit.kernels import _rows
@@ -529,28 +561,33 @@ def test_long_half_rows(op, fuseaudit_device):
     module = importlib.import_module(spec.reference.split(":")[0])
     attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
     tuning = getattr(module, attr)
-    assert (tuning.half_long is not None) == (op != "layer_norm"), "as measured"
-    if tuning.half_long is None:
-        return
-    min_n, block, warps = tuning.half_long
+    measured = {"softmax": _rows.HalfLong(65536, 16384, 16, prefetch=1),
+                "rms_norm": _rows.HalfLong(65536, 32768, 32),
+                "layer_norm": _rows.HalfLong(49152, 16384, 32, max_n=98304)}
+    long = tuning.half_long
+    assert long == measured.get(op, _rows.HalfLong(65536, 16384, 16)), "as measured"
     few = tuning.half_long_few
-    assert (few is not None) == (op in ("softmax", "rms_norm")), "as measured"
-    for n in (min_n, 131072, 128256):
+    assert few == {"softmax": (128, 32768, 32), "rms_norm": (128, 16384, 32)}.get(op), "as measured"
+    prefetch = tuning.wide_prefetch if long.prefetch is None else long.prefetch
+    widths = (long.min_n, long.max_n) if long.max_n else (long.min_n, 131072, 128256)
+    for n in widths:
         blocks = _rows.row_block_config(16384, n, 2, tuning)
-        assert blocks.wide and (blocks.block_n, blocks.num_warps) == (block, warps)
-        assert blocks.prefetch == tuning.wide_prefetch
+        assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == (long.block, long.warps,
+                                                                                       prefetch), n
         if few:  # at most few[0] rows: its blocks (rows the cooperative split takes never get here)
             assert tuple(_rows.row_block_config(few[0], n, 2, tuning))[1:3] == few[1:]
-            assert tuple(_rows.row_block_config(few[0] + 1, n, 2, tuning))[1:3] == (block, warps)
-    if few:
-        assert tuple(_rows.row_block_config(few[0], min_n - 1, 2, tuning))[1:3] != few[1:]
-    else:
-        assert tuple(_rows.row_block_config(16384, min_n - 1, 2, tuning))[1:3] != (block, warps)
-    assert _rows.row_block_config(16384, min_n, 4, tuning) == _rows.row_block_config(
-        16384, min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
-    lowered = tuning._replace(half_long=(1000, 256, 4), half_long_few=few and (2, 512, 4))
-    _through_lowered_rule(op, lowered, ((3, 1000, 256), (3, 999, 64), (2, 1000, 512 if few else 256)),
-                          fuseaudit_device)
+            assert tuple(_rows.row_block_config(few[0] + 1, n, 2, tuning))[1:3] == (long.block, long.warps)
+    outside = (long.min_n - 1, long.max_n + 1) if long.max_n else (long.min_n - 1,)
+    for n in outside:
+        assert tuple(_rows.row_block_config(16384, n, 2, tuning))[1:3] != (long.block, long.warps), n
+        if few:
+            assert tuple(_rows.row_block_config(few[0], n, 2, tuning))[1:3] != few[1:], n
+    assert _rows.row_block_config(16384, long.min_n, 4, tuning) == _rows.row_block_config(
+        16384, long.min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
+    lowered = tuning._replace(half_long=long._replace(min_n=1000, block=256, warps=4, max_n=long.max_n and 1100),
+                              half_long_few=few and (2, 512, 4))
+    cases = ((3, 1000, 256), (3, 999, 64), (2, 1000, 512 if few else 256)) + ((3, 1101, 64),) * bool(long.max_n)
+    _through_lowered_rule(op, lowered, cases, fuseaudit_device)
 
 
 def _through_lowered_rule(op: str, lowered, cases, device: str) -> None:
@@ -639,7 +676,7 @@ def test_narrow_rows_loop(op, fuseaudit_device):
     for rows, n, size in ((255, 16384, 2), (16384, 15000, 2), (16384, 12288, 2), (16384, 14336, 4),
                           (1023, 8192, 2), (16384, 7000, 2), (16384, 3072, 2), (16384, 1024, 2), (16384, 4096, 4)):
         assert _rows.row_block_config(rows, n, size, tuning) == _rows.row_block_config(rows, n, size, plain)
-    assert layer_norm.FIXED_WIDTH_MAX == 49151, "as measured"
+    assert layer_norm.FIXED_WIDTH_MAX == 98304, "as measured"
 
     def fixed(rows, n, dtype=torch.bfloat16, residual=False):
         plan = _plan_for("add_layer_norm" if residual else "layer_norm", rows, n, dtype, fuseaudit_device)
@@ -647,8 +684,9 @@ def test_narrow_rows_loop(op, fuseaudit_device):
         return plan.meta["N_FIXED"]
 
     with _launch.retuned(_coop, ENABLED=False):  # (a few wide rows would take the cooperative kernel)
-        assert fixed(256, 14336) == 14336 and fixed(8, 49151) == 49151
-        assert fixed(8, 49152) == fixed(8, 65536) == fixed(8, 40000, torch.float32) == 0
+        assert fixed(256, 14336) == 14336 and fixed(8, 49151) == 49151 and fixed(16384, 65536) == 65536
+        assert fixed(8, 98304) == 98304
+        assert fixed(8, 98305) == fixed(16384, 131072) == fixed(8, 40000, torch.float32) == 0
         assert fixed(8, 40000, residual=True) == 0
     lowered = tuning._replace(half_looped=(_rows.NarrowLooped(65, 128, 1, (32, 16), 4),
                                            _rows.NarrowLooped(40, 64, 1, (8,), 2)))
@@ -679,17 +717,17 @@ def test_split_warps():
 
 def test_rms_norm_fixed_width(fuseaudit_device):
     """rms_norm's looped kernel is compiled for the row's width (``N_FIXED``) in half-precision rows of 20481 to
-    65536 and in any that loop in blocks of 16384 (up to 1024 rows of 65536 and more, ``half_long_few``), without a
-    residual (measured on the H200, see ``FIXED_WIDTH_MAX``); narrower and wider rows, float32 and add_rms_norm keep N
-    a runtime argument.  With the range lowered to every width and the cap to 256 bytes, bfloat16 and float16 rows,
-    contiguous and strided, in blocks that divide them or not and with pass 1 in wider blocks (StatsBlock), go
-    through the kernel compiled for their width against float64."""
+    65536 and in any that loop in blocks of 16384 or more (rows of 65536 and more: 32768, ``half_long``; up to 128
+    rows 16384, ``half_long_few``), without a residual (measured on the H200, see ``FIXED_WIDTH_MAX``); narrower rows,
+    float32 and add_rms_norm keep N a runtime argument.  With the range lowered to every width and the cap to 256
+    bytes, bfloat16 and float16 rows, contiguous and strided, in blocks that divide them or not and with pass 1 in
+    wider blocks (StatsBlock), go through the kernel compiled for their width against float64."""
     from fuseaudit.kernels import _coop, _launch, _rows, rms_norm
 
     from fuseaudit.case import Case
 
     assert (rms_norm.FIXED_WIDTH_MIN, rms_norm.FIXED_WIDTH_MAX, rms_norm.FIXED_BLOCK) == (20481, 65536, 16384)
-    assert rms_norm.TUNING.half_long_few == (1024, rms_norm.FIXED_BLOCK, 32), "as measured"
+    assert rms_norm.TUNING.half_long_few == (128, rms_norm.FIXED_BLOCK, 32), "as measured"
 
     def fixed(rows, n, dtype=torch.bfloat16, residual=False):
         plan = _plan_for("add_rms_norm" if residual else "rms_norm", rows, n, dtype, fuseaudit_device)
@@ -698,8 +736,9 @@ def test_rms_norm_fixed_width(fuseaudit_device):
 
     with _launch.retuned(_coop, ENABLED=False):  # (a few wide rows would take the cooperative kernel)
         assert fixed(256, 20481) == (20481, 8192) and fixed(1024, 32768, torch.float16) == (32768, 8192)
-        assert fixed(2048, 65536) == (65536, 8192) and fixed(1024, 65536) == (65536, 16384)
-        assert fixed(8, 98304) == (98304, 16384) and fixed(1025, 98304) == (0, 8192)
+        assert fixed(2048, 57344) == (57344, 8192) and fixed(1024, 65536) == (65536, 32768)
+        assert fixed(128, 65536) == (65536, 16384) and fixed(129, 98304) == (98304, 32768)
+        assert fixed(16384, 131072) == (131072, 32768)
         assert fixed(256, 20000)[0] == fixed(16384, 14336)[0] == fixed(8, 65537, torch.float32)[0] == 0
         assert fixed(8, 40000, residual=True)[0] == fixed(8, 131072, residual=True)[0] == 0
     spec = OPS["rms_norm"]
@@ -774,13 +813,14 @@ def test_paired_rows(fuseaudit_device):
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_stats_block(op, fuseaudit_device):
-    """Many half-precision rows of 57344 to 65536 (rms_norm: 73728) loop with pass 1 in blocks of 32768, summed a
-    16-byte vector at a time (``_rows.StatsBlock``, measured on the H200); fewer than 2048 rows, other widths,
-    float32 and the residual variants keep
-    pass 1 in the looped kernel's own blocks.  With the cap lowered to 256 bytes and a StatsBlock for every width,
-    rows of 1000 (pass 1 in blocks of 256 and 512 against pass 2's 64: masked last blocks) and of 1024 (whole
-    blocks), bfloat16 and float16, contiguous and strided, and layer_norm's hard value regimes (its shift ``k`` is
-    the first pass-1 block's mean), go through the looped kernel against float64."""
+    """rms_norm's many half-precision rows of 57344 to 65535 loop with pass 1 in blocks of 32768, summed a 16-byte
+    vector at a time (``_rows.StatsBlock``, measured on the H200); fewer than 2048 rows, other widths (rows of 65536
+    loop in blocks of 32768 throughout), float32 and the residual variants keep pass 1 in the looped kernel's own
+    blocks, and layer_norm has no such rule now (its rows of 49152 to 98304 took Welford's pass).  With the cap
+    lowered to 256 bytes and a StatsBlock for every width, rows of 1000 (pass 1 in blocks of 256 and 512 against
+    pass 2's 64: masked last blocks) and of 1024 (whole blocks), bfloat16 and float16, contiguous and strided, and
+    layer_norm's hard value regimes (its shift ``k`` is the first pass-1 block's mean; its kernel still takes a
+    StatsBlock a tuning gives), go through the looped kernel against float64."""
     import importlib
 
     from fuseaudit.kernels import _launch, _rows
@@ -789,17 +829,20 @@ def test_stats_block(op, fuseaudit_device):
 
     module = importlib.import_module(f"fuseaudit.kernels.{op}")
     wide_kernel = getattr(module, f"{op}_wide_kernel")
-    max_n, min_rows = {"rms_norm": (73728, 2048), "layer_norm": (65536, 2048)}[op]
-    assert module.TUNING.stats_block == _rows.StatsBlock(57344, max_n, 32768, min_rows), "as measured"
+    measured = _rows.StatsBlock(57344, 65535, 32768, 2048) if op == "rms_norm" else None
+    assert module.TUNING.stats_block == measured, "as measured"
     assert module.ADD_TUNING.stats_block is None
 
     def block_s(rows, n, size, tuning=module.TUNING):
         return _rows.row_block_config(rows, n, size, tuning).block_s
 
-    assert block_s(min_rows, 65536, 2) == block_s(16384, 57344, 2) == block_s(16384, max_n, 2) == 32768
-    for rows, n, size in ((min_rows - 1, 65536, 2), (16384, 57343, 2), (16384, max_n + 1, 2), (16384, 65536, 4)):
-        assert block_s(rows, n, size) == 0, (rows, n, size)
-    assert block_s(16384, 65536, 2, module.ADD_TUNING) == 0
+    for tuning in (module.TUNING, module.ADD_TUNING):
+        assert block_s(16384, 65536, 2, tuning) == block_s(16384, 65536, 4, tuning) == 0
+        assert block_s(16384, 57344, 2, tuning) == (32768 if measured and tuning is module.TUNING else 0)
+    if measured:
+        assert block_s(2048, 57344, 2) == block_s(16384, 65535, 2) == 32768
+        for rows, n in ((2047, 57344), (16384, 57343), (16384, 131072)):
+            assert block_s(rows, n, 2) == 0, (rows, n)
     spec = OPS[op]
     regimes = ("normal", "near_constant", "large", "outliers") if op == "layer_norm" else ("normal",)
     for block in (256, 512):
