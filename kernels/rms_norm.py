@@ -167,8 +167,9 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 2328.5, 8192 x 131072 1341.6 -> 1173.5, 1024 x 131072 172.5 -> 161.2, 256 x 131072 47.7
 # -> 46.6, 16384 x 80000 1543.8 -> 1279.8, 16384 x 73728 1277.7 -> 1253.7.  Rows of
 # 98304 lost a little (16384 rows 1886.1 -> 1911.0, 8192 rows 952.6 -> 962.6; 16384 x 32
-# warps 1840.2), as did these blocks below 65536 (16384 x 57344 944.4 -> 955.2, 16384 x
-# 49152 798.2 -> 785.3 but 1024 x 32768 38.0 -> 41.5).
+# warps 1840.2).  Below 65536 these blocks won little or lost (16384 x 49152 798.2 ->
+# 785.3, in 16384 x 32 warps 779.6; 16384 x 57344 944.4 -> 955.2; 1024 x 32768 38.0 ->
+# 41.5), so the rule starts at 65536.
 # The residual variant keeps rows up to 64 KiB whole (see RowTuning.fused_scale),
 # uneven ones too (they were fastest whole: N=11008 349 µs vs 362 looped), and
 # in half precision padded rather than split (fp16 N=3000: 127.3 µs padded,
