@@ -247,7 +247,8 @@ COOP_EARLY_MAX = 8192
 # 65536 1174.3 -> 1487.6.  Re-measured with fuseaudit bench (bench-ln-fixed-width-session26.txt): 16384 x 32768 541.6
 # µs, 93% of copy, 1.20x torch.compile (fp16 518.7, 98%).  Rows of 49152 to 98304 in blocks of 16384 in 32 warps won
 # with it in the twenty-eighth session (see TUNING): 16384 x 65536 1163.3 -> 1122.9 µs, 1024 x 65536 90.2 -> 84.9.
-FIXED_WIDTH_MAX = 98304
+# Those blocks won only compiled for the width, so the range ends where TUNING.half_long's does (98304).
+FIXED_WIDTH_MAX = TUNING.half_long.max_n
 
 # One pass while (mean - x0)^2 <= ONE_PASS_RATIO * var, i.e. x0 within 4 std of the mean.
 ONE_PASS_RATIO = tl.constexpr(16.0)
