@@ -10,7 +10,8 @@ effect from the width's.  A candidate is one of:
 * ``w:M:BN:W`` -- whole rows, ``BLOCK_M = M`` rows of ``BLOCK_N = BN`` in ``W`` warps;
 * ``t:BN:BT:W`` -- whole rows as a block of ``BN`` plus a tail block of ``BT`` (see ``_rows.RowBlocks``);
 * ``l:BN:W:P`` -- the looped kernel in blocks of ``BN``, ``W`` warps, prefetching in ``P`` passes
-  (``l:BN:W:P:BS``: pass 1 in blocks of ``BS``, see ``_rows.StatsBlock``);
+  (``l:BN:W:P:BS``: pass 1 in blocks of ``BS``, see ``_rows.StatsBlock``; a trailing ``L``, e.g.
+  ``l:16384:16:1L``: softmax's pass 1 in lanes, see ``_rows.RowBlocks.lanes``);
 * ``aK`` -- the library's own blocks with ``ALIGN`` forced to ``K`` (``a1``: rows read as unaligned).
 
 A ``+f`` or ``-f`` after a looped candidate compiles it for the row's width or not (the
@@ -57,7 +58,8 @@ def parse_candidate(text: str, rows: int) -> _rows.RowBlocks | int:
     """The blocks ``text`` names (module docstring), or for ``aK`` the ALIGN ``K``."""
     if text[0] == "a" and text[1:].isdigit():
         return int(text[1:])
-    kind, *values = text.split(":")
+    lanes = text.endswith("L")
+    kind, *values = text.removesuffix("L").split(":")
     v = [int(i) for i in values]
     early = rows <= _rows.EARLY_VECTOR_ROWS
     if kind == "w" and len(v) == 3:
@@ -65,8 +67,8 @@ def parse_candidate(text: str, rows: int) -> _rows.RowBlocks | int:
     if kind == "t" and len(v) == 3:
         return _rows.RowBlocks(1, v[0], v[2], False, v[1], early=early)
     if kind == "l" and len(v) in (3, 4):
-        return _rows.RowBlocks(1, v[0], v[1], True, prefetch=v[2], block_s=v[3] if len(v) == 4 else 0)
-    raise ValueError(f"not a candidate: {text!r} (w:M:BN:W, t:BN:BT:W, l:BN:W:P[:BS] or aK)")
+        return _rows.RowBlocks(1, v[0], v[1], True, prefetch=v[2], block_s=v[3] if len(v) == 4 else 0, lanes=lanes)
+    raise ValueError(f"not a candidate: {text!r} (w:M:BN:W, t:BN:BT:W, l:BN:W:P[:BS][L] or aK)")
 
 
 def candidate_call(spec: OpSpec, module: ModuleType, args: list[torch.Tensor], params: dict[str, Any],

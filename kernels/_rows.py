@@ -508,8 +508,11 @@ class HalfLong(NamedTuple):
     keep more of a row in flight, and a row of 65536 in blocks of 32768 is
     two loads of 64 KiB.  ``prefetch`` is the looped kernel's
     ``RowBlocks.prefetch`` for these rows (None: the tuning's
-    ``wide_prefetch``).  Each op's tuning says what it measured and where
-    the rule stops paying (``max_n``).
+    ``wide_prefetch``); ``few``, ``(max_rows, block, warps)``, replaces the
+    blocks where there are at most ``max_rows`` rows (one program a row,
+    each alone on an SM); ``lanes`` is ``RowBlocks.lanes``.  A tuning lists
+    such rules for ranges of widths that do not overlap (``RowTuning.half_long``);
+    each op's tuning says what it measured and where a rule stops paying.
     """
 
     min_n: int
@@ -517,6 +520,8 @@ class HalfLong(NamedTuple):
     warps: int
     max_n: int = 0
     prefetch: int | None = None
+    few: tuple[int, int, int] | None = None
+    lanes: bool = False
 
     def applies(self, n: int) -> bool:
         """Whether rows of ``n`` columns (half precision, past the cap) take these blocks."""
@@ -655,14 +660,12 @@ class RowTuning(NamedTuple):
     # Half-precision rows past the cap that loop in smaller blocks (see
     # HalfShort); None: half the cap in wide_warps warps.
     half_short: HalfShort | None = None
-    # The looped kernel's blocks for the widest half-precision rows (see
-    # HalfLong); None: half the cap in wide_warps warps.  Each op's tuning
-    # says what it measured (the residual norms: blocks of 16384 in 16 warps
-    # from 65536 columns).
-    half_long: HalfLong | None = None
-    # (max_rows, BLOCK_N, warps) replacing half_long's blocks where there are
-    # at most max_rows rows: one program a row, each alone on its SM.
-    half_long_few: tuple[int, int, int] | None = None
+    # The looped kernel's blocks for half-precision rows past the cap, by
+    # width (see HalfLong; the first rule whose range holds the row); rows no
+    # rule holds: half the cap in wide_warps warps.  Each op's tuning says
+    # what it measured (the residual norms: blocks of 16384 in 16 warps from
+    # 65536 columns).
+    half_long: tuple[HalfLong, ...] = ()
     # (max_n, warps, min_rows): half-precision rows narrower than max_n, at
     # least min_rows of them, that loop in the default blocks (half the cap:
     # none of half_short, half_long, the uneven rules applies) take ``warps``
@@ -738,6 +741,11 @@ class RowBlocks(NamedTuple):
     # The looped kernel's pass 1 (the row's statistics) in blocks of this
     # many columns, wider than block_n (see StatsBlock); 0: block_n.
     block_s: int = 0
+    # softmax's looped kernel: pass 1 keeps a max and a sum for each run of
+    # a thread's neighbouring elements and merges them once, after the loop,
+    # rather than reducing each block across the program (see its
+    # _lane_stats; the norms' pass 1 already reduces once).
+    lanes: bool = False
 
     @property
     def stats_block_n(self) -> int:
@@ -808,12 +816,13 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
         short = tuning.half_short
         if element_size == 2 and short and rows >= short.min_rows and short.block < n < short.max_n:
             return RowBlocks(1, short.block, short.warps, True, prefetch=prefetch)
-        long = tuning.half_long
-        if element_size == 2 and long and long.applies(n):
+        long = next((rule for rule in tuning.half_long if rule.applies(n)), None) if element_size == 2 else None
+        if long is not None:
             block, warps = long.block, long.warps
-            if tuning.half_long_few and rows <= tuning.half_long_few[0]:
-                _, block, warps = tuning.half_long_few
-            return RowBlocks(1, block, warps, True, prefetch=prefetch if long.prefetch is None else long.prefetch)
+            if long.few and rows <= long.few[0]:
+                _, block, warps = long.few
+            return RowBlocks(1, block, warps, True, prefetch=prefetch if long.prefetch is None else long.prefetch,
+                             lanes=long.lanes)
         warps = tuning.wide_warps
         mid = tuning.half_mid_warps
         if element_size == 2 and mid and n < mid[0] and rows >= mid[2]:

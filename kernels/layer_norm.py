@@ -167,7 +167,7 @@ from ._rows import (
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
                    float32_whole_from=16384, float32_wide=(8192, 16),
                    half_short=HalfShort(32768, 4096, 8, min_rows=256), half_mid_warps=(49152, 16, 1024),
-                   half_long=HalfLong(49152, 16384, 32, max_n=98304), float32_elements_per_thread=8,
+                   half_long=(HalfLong(49152, 16384, 32, max_n=98304),), float32_elements_per_thread=8,
                    half_looped=(NarrowLooped(12289, 16384, 256, (4096, 2048), 16),
                                 NarrowLooped(5121, 8192, 1024, (4096, 2048), 8),
                                 NarrowLooped(4097, 5120, 1024, (1024,), 8),
@@ -217,14 +217,23 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # 16384 x 65536 2494.6 -> 2305.7 µs, float16 2505.1 -> 2293.3, bf16 1024 x 65536 167.5 ->
 # 160.1; reports/h200/split-warps-session17.txt).  Its pass 1 keeps Chan's formula: with
 # shifted sums it did not gain (16384 x 65536: 2295.1 Chan, 2295.2 shifted in 8192 x 32
-# warps, 2339.8 in 16384 x 16; 1024 rows 159.7, 156.7, 156.9; lnw-ab-session18.txt).
+# warps, 2339.8 in 16384 x 16; 1024 rows 159.7, 156.7, 156.9; lnw-ab-session18.txt), nor with Welford's
+# lanes (a variant of _wide_stats_welford forming h, not kept; H200, bf16, event µs after an L2 flush, Chan ->
+# Welford, N at runtime / compiled in, reports/h200/probe2-session29.txt: 16384 x 65536 2282.9 -> 2407.8 / 2564.2,
+# 1024 x 65536 159.3 -> 165.3 / 174.2, 16384 x 131072 4983.7 -> 5187.2; fp16 16384 x 65536 2266.6 -> 2235.5 alone
+# won).  Those rows are
+# compiled for their width (fixed_width): H200, bf16, event µs after an L2 flush, N at runtime -> compiled in
+# (row-configs-probe5-session28.txt, row-configs-probe1-session29.txt, probe2-, probe3-session29.txt): 16384 x
+# 65536 2300.1 -> 2267.6, 2283.0 -> 2264.8, 2282.9 -> 2268.6; 4096 x 65536 588.6 -> 579.5; 1024 x 65536 159.0 ->
+# 154.8, 159.0 -> 155.9, 159.3 -> 155.7; 256 x 65536 45.8 -> 44.7; 16384 x 98304 3544.1 -> 3528.6; 16384 x 131072
+# 4970.9 -> 4940.6; fp16 16384 x 65536 2265.4 -> 2262.1 (a tie).
 # Its float32 rows of 8192 (the cap), held whole, run in 16 warps from 256 rows (RowTuning.float32_cap_warps; H200,
 # event time after an L2 flush, 8 -> 16 warps, µs, reports/h200/row-configs-small-session22.txt,
 # row-configs-fp32-add-session22.txt): 16384 rows 539.5 -> 524.7 and 540.5 -> 522.6 (32 warps 523.1, 522.9), 4096
 # rows 140.9 -> 136.5, 1024 rows 40.5 -> 39.6, 256 rows 13.70 -> 13.41.  (Plain layer_norm tied, 265.3 -> 265.0, and
 # add_rms_norm too, 526.3 -> 527.4.)
 ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
-                             half_short=None, half_long=HalfLong(65536, 16384, 16), float32_cap_warps=(256, 16),
+                             half_short=None, half_long=(HalfLong(65536, 16384, 16),), float32_cap_warps=(256, 16),
                              half_mid_warps=None, stats_block=None, half_looped=(), float32_elements_per_thread=0)
 
 # The cooperative kernel loads weight and bias before it waits for the row's
@@ -236,7 +245,8 @@ COOP_EARLY_MAX = 8192
 
 # Half-precision rows without a residual up to this wide, where they loop, are compiled for their width (the kernel's
 # N_FIXED: one compile per hidden size, as torch.compile's kernels are) and take pass 1 by Welford in each lane
-# (_wide_stats_welford); wider rows, float32 rows and the residual variant keep N a runtime argument and their pass 1.
+# (_wide_stats_welford); wider rows and float32 rows keep N a runtime argument and their pass 1 (the residual variant
+# keeps its pass 1, and N at runtime below ADD_TUNING.half_long).
 # Neither change paid alone.  H200, bf16, event µs after an L2 flush, runtime N and shifted sums (the twenty-fourth
 # session's kernel) / Welford with N at runtime / Welford with N compiled in (the twenty-fifth session's probes; their
 # files were lost with its machine, reports/h200/README.md): 16384 x 20000 374.6 / 407.2 / 334.6, 1024 x 20000 31.3 /
@@ -248,7 +258,9 @@ COOP_EARLY_MAX = 8192
 # µs, 93% of copy, 1.20x torch.compile (fp16 518.7, 98%).  Rows of 49152 to 98304 in blocks of 16384 in 32 warps won
 # with it in the twenty-eighth session (see TUNING): 16384 x 65536 1163.3 -> 1122.9 µs, 1024 x 65536 90.2 -> 84.9.
 # Those blocks won only compiled for the width, so the range ends where TUNING.half_long's does (98304).
-FIXED_WIDTH_MAX = TUNING.half_long.max_n
+# The residual variant's half-precision rows in ADD_TUNING.half_long's blocks are compiled for their width too (see
+# ADD_TUNING), keeping Chan's pass 1.
+FIXED_WIDTH_MAX = TUNING.half_long[0].max_n
 
 # One pass while (mean - x0)^2 <= ONE_PASS_RATIO * var, i.e. x0 within 4 std of the mean.
 ONE_PASS_RATIO = tl.constexpr(16.0)
@@ -706,10 +718,15 @@ def _layer_norm(
 def fixed_width(n: int, element_size: int, has_residual: bool) -> int:
     """The looped kernel's ``N_FIXED`` for rows of ``n``: ``n`` where it is compiled for their width, else 0.
 
-    Half-precision rows without a residual up to ``FIXED_WIDTH_MAX`` (read at
-    plan time, as every tuning constant): see its notes.
+    Half-precision rows without a residual up to ``FIXED_WIDTH_MAX``, with
+    one those ``ADD_TUNING.half_long`` takes (both read at plan time, as
+    every tuning constant): see their notes.
     """
-    return n if element_size == 2 and not has_residual and n <= FIXED_WIDTH_MAX else 0
+    if element_size != 2:
+        return 0
+    if has_residual:
+        return n if any(rule.applies(n) for rule in ADD_TUNING.half_long) else 0
+    return n if n <= FIXED_WIDTH_MAX else 0
 
 
 def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,

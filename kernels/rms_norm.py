@@ -148,7 +148,7 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
                    two_blocks=TwoBlocks(8192, 4096, 8, 1), float32_two_blocks=TwoBlocks(8192, 4096, 16, 2),
                    float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 8192, 8, 2),
                    paired_rows=PairedRows(4096, 8, 1024), stats_block=StatsBlock(57344, 65535, 32768, 2048),
-                   half_long=HalfLong(65536, 32768, 32), half_long_few=(128, 16384, 32))
+                   half_long=(HalfLong(65536, 32768, 32, few=(128, 16384, 32)),))
 # Many half-precision rows of 57344 to 65535 take pass 1 of the looped kernel in blocks of
 # 32768 (see StatsBlock).  H200, bf16, event µs after an L2 flush, blocks of 8192 -> pass 1
 # in 32768 (reports/h200/stats-range-session23.txt, wide-rule-session23.txt): 16384 rows
@@ -157,7 +157,7 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=16, wide_warps=32, uneven_b
 # 79.9, 512 44.5 -> 45.6.  (Rows of 65536 and more now loop in blocks of 32768, below.)
 # Half-precision rows of 65536 and more loop in blocks of 32768 in 32 warps (half_long),
 # compiled for their width (FIXED_BLOCK): both passes in the blocks that pass 1 alone took
-# before.  Up to 128 rows, blocks of 16384 (half_long_few).  H200, bf16 unless marked,
+# before.  Up to 128 rows, blocks of 16384 (HalfLong.few).  H200, bf16 unless marked,
 # event µs after an L2 flush, the twenty-seventh session's rules (8192 x 32 warps, pass 1
 # in 32768 from 2048 rows; 16384 x 32 up to 1024 rows; N compiled in to 65536 or in blocks
 # of 16384) -> blocks of 32768 (row-configs-probe2-session28.txt, row-configs-probe3-
@@ -186,7 +186,7 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
                              split_tail=TailSplit(max_tail=0),
                              float32_whole_from=16384, two_blocks=None, float32_two_blocks=None,
                              float32_many_rows=ManyRows(FLOAT32_WHOLE_MAX + 1, 4096, 8, 2, min_rows=1024),
-                             half_long=HalfLong(65536, 16384, 16), half_long_few=None, paired_rows=None,
+                             half_long=(HalfLong(65536, 16384, 16),), paired_rows=None,
                              stats_block=None)
 
 # The looped kernel stores y evict-first (L2 lines it would otherwise hold go
@@ -202,7 +202,7 @@ ADD_TUNING = TUNING._replace(fused_scale=2, uneven_block=0, uneven_warps=0, unev
 STREAM_Y_MIN_BYTES = 128 * 1024
 
 # Half-precision rows of FIXED_WIDTH_MIN to FIXED_WIDTH_MAX without a residual (those that loop in blocks of 8192),
-# and any that loop in blocks of FIXED_BLOCK or wider (half_long, half_long_few), are compiled for their width: the
+# and any that loop in blocks of FIXED_BLOCK or wider (half_long, with its few rows), are compiled for their width: the
 # looped kernel's N_FIXED, one compile per hidden size, as torch.compile's kernels are.  Its loops then have constant
 # trip counts.
 # H200, event µs after an L2 flush, N at runtime -> compiled in (row-configs-rms-fixed-session27.txt,

@@ -27,7 +27,12 @@ Three kernels share the work:
   jump (the exps of logits it lags behind stay below ``e^8``: no overflow),
   and ``d`` is summed with Kahan's compensation.  Pass 2 writes
   ``exp(s - m) / d``, so the row is read twice (the second read usually hits
-  L2).
+  L2).  Half-precision rows (``RowBlocks.lanes``, see ``TUNING``) take
+  pass 1 in lanes instead: each run of a thread's neighbouring elements
+  keeps its own ``m`` and ``d`` by the same update, and the runs merge once,
+  after the loop, as the cooperative kernel's chunks do (below), where the
+  block-wise pass reduces each block across the program twice; with
+  prefetching that measured faster on the H200 (see ``TUNING``).
 * :func:`softmax_coop_kernel` is for a few wide rows (decode): each row is
   split over ``SPLITS`` programs of one cooperative launch (see
   ``_coop.py``).  Each holds a chunk in registers and publishes its max
@@ -101,6 +106,24 @@ from ._rows import (
 # in their blocks lost (16384 x 14336 244.3 -> 274.9, 20000 363.7 -> 391.9, 24000 393.5 -> 421.2; 40000 725.2 ->
 # 711.9 a win, 32768 534.9 -> 534.5 a tie), and so did blocks of 16384 prefetching below 65536 (16384 x 57344
 # 1078.3 -> 1108.9, 16384 x 40000 725.2 -> 832.8; 1024 x 49152 66.0 -> 62.1 won).
+# Every half-precision row past the cap now loops prefetching in pass 1, and that pass works in lanes
+# (HalfLong.lanes, _lane_stats: no reduction across the program inside the loop), in blocks that grow with the row:
+# 4096 x 8 warps up to 20480 columns, 8192 x 16 up to 49151, 16384 x 16 up to 98303 (up to 128 rows of 65536 and
+# more, 32768 x 32), 32768 x 32 beyond.  H200, event µs after an L2 flush, the rules before -> these
+# (reports/h200/softmax-lanes-session29.txt, probe2-session29.txt, probe3-session29.txt): bf16 16384 x 65536 1141.0 ->
+# 1079.2 and 1140.7 -> 1078.7, fp16 1133.9 -> 1073.9, 4096 x 65536 298.0 -> 282.1, 1024 x 65536 81.8 -> 76.7, 256 x
+# 65536 25.1 -> 23.6, 128 x 65536 16.5 -> 15.4; 16384 x 57344 1076.9 -> 1024.6, 16384 x 49152 894.3 -> 785.3 (fp16
+# 897.1 -> 790.5), 1024 x 49152 66.1 -> 58.8, 128 x 49152 16.1 -> 12.2 (in 32768 x 32 14.2), 16384 x 45000 868.7 ->
+# 805.1 (16384 x 16 814.4), 16384 x 40000 724.7 -> 685.4, 16384 x 36000 656.9 -> 616.5 (16384 x 16 766.1), 16384 x
+# 32768 536.2 -> 518.3 (fp16 531.6 -> 511.4), 4096 x 32768 142.5 -> 138.6, 1024 x 32768 41.8 -> 40.7 (fp16 41.6 ->
+# 40.5), 256 x 32768 15.9 -> 13.9, 128 x 32768 11.2 -> 9.3, 16384 x 28000 501.5 -> 488.4, 16384 x 24000 394.7 ->
+# 389.1, 1024 x 24000 34.0 -> 32.4, 16384 x 20000 365.1 -> 334.6 (8192 x 16 368.2), 1024 x 20000 31.9 -> 30.5, 64 x
+# 20000 9.2 -> 7.7; 16384 x 98304 1848.5 -> 1770.9 (16384 x 16 1783.3), 16384 x 131072 2558.4 -> 2354.0, 4096 x
+# 131072 660.9 -> 599.3.  Lanes without prefetching lost (16384 x 65536 in 16384 x 16 1285.5, 16384 x 32768 in 8192
+# x 8 657.7), and with it they did not gain in the rules of narrower rows (16384 x 14336 in 8192 x 8 243.6 -> 256.3,
+# in 4096 x 8 242.8; 16384 x 11008 184.2 -> 183.3; 16384 x 16384 in two blocks of 8192 x 8 260.8 -> 257.6, a lead
+# not taken) or in float32 (16384 x 65536 2464.2 -> 2449.8 at best, 16384 x 32768 1056.5 -> 1073.8): those keep
+# their rules.
 # Uneven rows that blocks of 8192 pad no more than blocks of 4096 (12289 to 16383 columns) loop in
 # two blocks of 8192 in 8 warps (RowTuning.uneven_large; H200, event time after an L2 flush, 4096 x
 # 4 warps -> 8192 x 8, µs, uneven-blocks-session19.txt, uneven-rules-session19.txt): bf16 16384 x
@@ -124,7 +147,14 @@ TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_bl
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
                    two_blocks=TwoBlocks(2048, 8192, 8, 0),
-                   half_long=HalfLong(65536, 16384, 16, prefetch=1), half_long_few=(128, 32768, 32))
+                   half_long=(HalfLong(16385, 4096, 8, max_n=20480, prefetch=1, lanes=True),
+                              HalfLong(20481, 8192, 16, max_n=49151, prefetch=1, lanes=True),
+                              HalfLong(49152, 16384, 16, max_n=65535, prefetch=1, lanes=True),
+                              HalfLong(65536, 16384, 16, max_n=98303, prefetch=1, lanes=True, few=(128, 32768, 32)),
+                              HalfLong(98304, 32768, 32, prefetch=1, lanes=True)))
+
+# The looped kernel's lanes (RowBlocks.lanes): a run of this many bytes, one thread's vector load.
+LANE_BYTES = 16
 
 # exp(u) = 2^(u * log2 e).  LOG2E rounds to float32 in the kernel; LN2 and
 # LN2_LO are ln 2 rounded to float32 and what that rounding drops.
@@ -272,14 +302,92 @@ def softmax_wide_kernel(
     PREFETCH: tl.constexpr,  # passes (0-2) that load block i + 1 before block i is used (see _rows.RowBlocks)
     ALIGN: tl.constexpr,  # divides every row offset and N (see _rows.row_alignment)
     EVEN: tl.constexpr,  # BLOCK_N divides N: no column masks (see _rows.even_blocks)
+    VEC: tl.constexpr = 0,  # pass 1 per run of VEC elements (_lane_stats), or 0: per block
 ):
     # One row per program, BLOCK_N < N columns at a time.
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     row = tl.program_id(0)
     x_row = X + row_offsets(row, D1, D2, sx0, sx1, sx2, ALIGN)
     out = out_row_offsets(row, N, ALIGN)
+    offs = tl.arange(0, BLOCK_N)
 
-    # Pass 1: a reference m (the running max, give or take RESCALE_SLACK) and
+    if VEC > 0:
+        m, d = _lane_stats(x_row, N, sxn, scale, PRECISE, BLOCK_N, PREFETCH, EVEN, VEC)
+    else:
+        m, d = _block_stats(x_row, N, sxn, scale, PRECISE, BLOCK_N, PREFETCH, EVEN)
+    inv_d = tl.math.div_rn(1.0, d)
+
+    # Pass 2: normalise and store, walking the row backwards (the blocks that
+    # pass 1 read last are the likeliest to be in cache still); with PREFETCH
+    # the block before this one is loaded ahead as in pass 1.
+    last = (N - 1) // BLOCK_N * BLOCK_N
+    # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
+    x_next = load_back_block(x_row, x_row, last + offs, N, sxn, False)
+    for offset in range(0, N, BLOCK_N):
+        cols = (last - offset) + offs
+        if PREFETCH >= 2:
+            x = x_next
+            x_next = load_back_block(x_row, x_row, cols - BLOCK_N, N, sxn, False)
+        else:
+            x = load_back_block(x_row, x_row, cols, N, sxn, False, EVEN)
+        y = _exp_k(x.to(tl.float32) * scale - m, PRECISE) * inv_d
+        # y evict-first: L2 keeps the rows whose second read is still to come
+        # (H200, event time after an L2 flush, plain store -> evict_first, µs,
+        # reports/h200/store-hints2-session22.txt: bf16 16384 x 32768 594.8 -> 555.3,
+        # 16384 x 65536 1226.7 -> 1187.3, 1024 x 65536 86.5 -> 82.6, 16384 x 14336
+        # 247.8 -> 245.2; fp16 16384 x 32768 571.8 -> 543.1; float32 16384 x 65536
+        # 2575.1 -> 2465.7, 16384 x 11008 353.5 -> 348.7; none lost by more than 0.6%).
+        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N,
+                 eviction_policy="evict_first")
+
+
+@triton.jit
+def _lane_stats(x_row, N, sxn, scale, PRECISE: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+                EVEN: tl.constexpr, VEC: tl.constexpr):
+    """Pass 1 of the looped kernel with no reduction across threads inside the loop: ``(m, d)``.
+
+    Each run of ``VEC`` neighbouring lanes (one thread's vector load) keeps
+    its own reference ``m_v`` and sum ``d_v``, updated as the block-wise
+    pass updates the row's (``RESCALE_SLACK``, ``K``); the runs merge once
+    at the end, as the cooperative kernel merges its chunks::
+
+        m = max(m_v),   d = sum(d_v * exp(m_v - m))
+
+    Every row element ``s`` stays within ``RESCALE_SLACK`` of its run's
+    ``m_v``, so of ``m`` too: pass 2's ``exp(s - m)`` does not overflow.
+    Only half-precision rows take this pass (``_rows.HalfLong.lanes``): a
+    run adds ``VEC * N / BLOCK_N`` terms (48 at most in the shipped rules up
+    to 98303 columns, 32 at 131072), whose float32 rounding stays far below
+    a half-precision ulp without Kahan's compensation.
+    """
+    offs = tl.arange(0, BLOCK_N)
+    m_v = tl.full([BLOCK_N // VEC], float("-inf"), dtype=tl.float32)
+    d_v = tl.zeros([BLOCK_N // VEC], dtype=tl.float32)
+    # the first block ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
+    x_next, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)
+    for start in range(0, N, BLOCK_N):
+        cols = start + offs
+        x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
+        s = x.to(tl.float32) * scale
+        if not EVEN:  # the lanes past N
+            s = tl.where(cols < N, s, float("-inf"))
+        s = tl.reshape(s, [BLOCK_N // VEC, VEC])
+        m_blk = tl.max(s, axis=1)
+        m_new = tl.where(m_blk > m_v + RESCALE_SLACK, m_blk, m_v)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a run of -inf so far: measure from 0
+        d_v = d_v * _exp(m_v - m_ref, PRECISE) + tl.sum(_exp_k(s - m_ref[:, None], PRECISE), axis=1)
+        m_v = m_new
+    m = tl.max(m_v, axis=0)
+    m_ref = tl.where(m == float("-inf"), 0.0, m)
+    d = tl.sum(d_v * _exp(m_v - m_ref, PRECISE), axis=0)
+    return m, d
+
+
+@triton.jit
+def _block_stats(x_row, N, sxn, scale, PRECISE: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+                 EVEN: tl.constexpr):
+    """Pass 1 of the looped kernel, a block at a time: ``(m, d)``, the reference max and the sum of exps."""
+    # A reference m (the running max, give or take RESCALE_SLACK) and
     # the running sum d of exp(s - m).
     m = tl.full([], float("-inf"), dtype=tl.float32)
     d = tl.zeros([], dtype=tl.float32)
@@ -308,30 +416,7 @@ def softmax_wide_kernel(
         d_lost = (d_new - d) - add
         d = d_new
         m = m_new
-    inv_d = tl.math.div_rn(1.0, d)
-
-    # Pass 2: normalise and store, walking the row backwards (the blocks that
-    # pass 1 read last are the likeliest to be in cache still); with PREFETCH
-    # the block before this one is loaded ahead as in pass 1.
-    last = (N - 1) // BLOCK_N * BLOCK_N
-    # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
-    x_next = load_back_block(x_row, x_row, last + offs, N, sxn, False)
-    for offset in range(0, N, BLOCK_N):
-        cols = (last - offset) + offs
-        if PREFETCH >= 2:
-            x = x_next
-            x_next = load_back_block(x_row, x_row, cols - BLOCK_N, N, sxn, False)
-        else:
-            x = load_back_block(x_row, x_row, cols, N, sxn, False, EVEN)
-        y = _exp_k(x.to(tl.float32) * scale - m, PRECISE) * inv_d
-        # y evict-first: L2 keeps the rows whose second read is still to come
-        # (H200, event time after an L2 flush, plain store -> evict_first, µs,
-        # reports/h200/store-hints2-session22.txt: bf16 16384 x 32768 594.8 -> 555.3,
-        # 16384 x 65536 1226.7 -> 1187.3, 1024 x 65536 86.5 -> 82.6, 16384 x 14336
-        # 247.8 -> 245.2; fp16 16384 x 32768 571.8 -> 543.1; float32 16384 x 65536
-        # 2575.1 -> 2465.7, 16384 x 11008 353.5 -> 348.7; none lost by more than 0.6%).
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N,
-                 eviction_policy="evict_first")
+    return m, d
 
 
 @triton.jit
@@ -417,6 +502,7 @@ def _plan(x: torch.Tensor, scale: float) -> Plan | None:
         plan = Plan(softmax_wide_kernel, (layout.rows,), n, d1, d2, *layout.strides[0], float(scale),
                     PRECISE=precise, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
                     ALIGN=row_alignment(n, layout), EVEN=not precise and even_blocks(n, blocks.block_n),
+                    VEC=LANE_BYTES // x.element_size() if blocks.lanes else 0,
                     num_warps=blocks.num_warps)
     else:
         plan = Plan(softmax_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2,

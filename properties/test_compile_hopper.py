@@ -52,6 +52,8 @@ SCRIPT = textwrap.dedent(
     # and rules that only some row counts take (softmax float32 rows of 8192 in 32 warps and rms_norm's uneven
     # split from 256 to 4096 rows; rms_norm's rows of 4096 two a program from 1024)
     POINTS = [(n, rows) for n in WIDTHS for rows in ROWS] + [(8192, 1024), (11008, 1024), (4096, 16384)]
+    # and widths only some rules take (softmax's half-precision rows of 49152 to 65535 and from 98304)
+    POINTS += [(49152, 16384), (131072, 16384)]
 
     def signature(fn, dtype, constexprs):
         sig = {}
@@ -94,6 +96,8 @@ SCRIPT = textwrap.dedent(
                     fn, consts = wide, dict(consts, BLOCK_N=b.block_n, PREFETCH=b.prefetch, ALIGN=min(n & -n, 16))
                     if module is rms_norm:  # y stored evict-first in the widest rows
                         consts["STREAM_Y"] = rms_norm.stream_y(n, dtype.itemsize, extra["HAS_RESIDUAL"])
+                    if module is softmax:  # pass 1 in lanes (RowBlocks.lanes)
+                        consts["VEC"] = softmax.LANE_BYTES // dtype.itemsize if b.lanes else 0
                     if module is not softmax:  # pass 1's blocks (wider for many rows of 65536: StatsBlock)
                         consts["BLOCK_S"] = b.stats_block_n
                     if module is layer_norm:  # compiled for the row's width, or not (FIXED_WIDTH_MAX)

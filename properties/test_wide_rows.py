@@ -326,14 +326,15 @@ def test_softmax_tiny_outputs(wide, fuseaudit_device):
         assert err.max() <= 1.0, f"{dtype}: output {worst} is {y[worst]:.3e}, float64 gives {want[worst]:.3e}"
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["whole", "looped"])
-def test_softmax_special_values(wide, fuseaudit_device):
+@pytest.mark.parametrize("path", ["whole", "looped", "lanes"])
+def test_softmax_special_values(path, fuseaudit_device):
     """Rows with NaN, +inf, -inf, all -inf: NaN exactly where the float64 softmax has it, the rest within the policy.
 
     The looped kernel's running max and rescaled sum meet each special value
-    in other code than a whole row's max and sum do; both
-    are checked, the whole bfloat16 row with its tail block (N = 5000 =
-    4096 + 1024).
+    in other code than a whole row's max and sum do, and its pass 1 in
+    lanes (``RowBlocks.lanes``, half precision; a rule lowered to these
+    rows) in other code again; all three are checked, the whole bfloat16 row
+    with its tail block (N = 5000 = 4096 + 1024).
     """
     import torch
     from fuseaudit.kernels import _launch, _rows, softmax
@@ -352,12 +353,16 @@ def test_softmax_special_values(wide, fuseaudit_device):
     if not _rows.interpreting():  # a GPU splits tails only with many rows
         rows = rows * (_rows.TAIL_MIN_ROWS // len(rows) + 1)
     params = spec.defaults()
+    wide = path != "whole"
     cap = 256 if wide else _rows.MAX_FUSED_BYTES
+    tuning = softmax.TUNING
+    if path == "lanes":
+        tuning = tuning._replace(half_long=(_rows.HalfLong(1000, 1024, 4, prefetch=1, lanes=True),))
     for dtype in (torch.float32, torch.bfloat16):
         inputs = {"x": torch.tensor(rows, dtype=dtype, device=fuseaudit_device)}
-        with _launch.retuned(_rows, MAX_FUSED_BYTES=cap):
-            blocks = _rows.row_block_config(len(rows), n, dtype.itemsize, softmax.TUNING)
-            assert blocks.wide == wide
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(softmax, TUNING=tuning):
+            blocks = _rows.row_block_config(len(rows), n, dtype.itemsize, tuning)
+            assert blocks.wide == wide and blocks.lanes == (path == "lanes" and dtype == torch.bfloat16)
             assert wide or (blocks.block_t > 0) == (dtype == torch.bfloat16), "tails split in half precision only"
             y = softmax.softmax(**inputs, **params)
         oracle = spec.run_oracle(inputs, params)[0]
@@ -481,7 +486,7 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     if op == "softmax":  # narrower ones in half the cap
         narrow = _rows.row_block_config(16384, 11008, 4, tuning)
         assert (narrow.block_n, narrow.num_warps) == (_rows.MAX_FUSED_BYTES // 4 // 2, tuning.wide_warps)
-        half = _rows.row_block_config(16384, 32768, 2, tuning)
+        half = _rows.row_block_config(16384, 32768, 2, tuning._replace(half_long=()))  # (half_long: its own test)
         assert (half.block_n, half.num_warps) == (_rows.MAX_FUSED_BYTES // 2 // 2, tuning.wide_warps)
     elif op == "add_rms_norm":  # fused_scale = 2 would hold these whole anyway; float32_whole_from does
         assert not _rows.row_block_config(16384, 16384, 4, tuning).wide
@@ -547,12 +552,14 @@ def test_two_blocks_with_many_rows(op, fuseaudit_device):
 
 @pytest.mark.parametrize("op", ROW_OPS)
 def test_long_half_rows(op, fuseaudit_device):
-    """The widest half-precision rows loop in ``half_long``'s blocks (``_rows.HalfLong``, measured on the H200):
-    softmax and the residual norms from 65536 columns in blocks of 16384 in 16 warps (softmax prefetching), rms_norm
-    from 65536 in 32768 x 32, layer_norm from 49152 to 98304 in 16384 x 32; with few rows in ``half_long_few``'s
-    (softmax, rms_norm).  Narrower rows, layer_norm's wider ones and float32 keep their rules; with the rules lowered
-    to rows of 1000 (blocks of 256, the last partial; 512 for two rows) strided bfloat16 rows go through them against
-    float64, and rows one column narrower through the default blocks."""
+    """Half-precision rows past the cap loop in the blocks of ``half_long``'s rules by width (``_rows.HalfLong``,
+    measured on the H200): softmax from 16385 columns, prefetching with pass 1 in lanes, in blocks of 4096 x 8 warps
+    to 20480, 8192 x 16 to 49151, 16384 x 16 to 98303 (up to 128 rows of 65536 and more in 32768 x 32), 32768 x 32
+    beyond; the residual norms from 65536 in 16384 x 16; rms_norm from 65536 in 32768 x 32 (up to 128 rows 16384 x
+    32); layer_norm from 49152 to 98304 in 16384 x 32.  Narrower and wider rows and float32 keep the other rules.
+    With each op's rules lowered to rows of 1000 and more (blocks of 256, the last partial; 512 for two rows where a
+    rule has a ``few``), strided bfloat16 rows go through them against float64, and rows one column narrower (or
+    past the last rule) through the default blocks."""
     import importlib
 
     from fuseaudit.kernels import _rows
@@ -561,33 +568,41 @@ def test_long_half_rows(op, fuseaudit_device):
     module = importlib.import_module(spec.reference.split(":")[0])
     attr = "ADD_TUNING" if op.startswith("add_") else "TUNING"
     tuning = getattr(module, attr)
-    measured = {"softmax": _rows.HalfLong(65536, 16384, 16, prefetch=1),
-                "rms_norm": _rows.HalfLong(65536, 32768, 32),
-                "layer_norm": _rows.HalfLong(49152, 16384, 32, max_n=98304)}
-    long = tuning.half_long
-    assert long == measured.get(op, _rows.HalfLong(65536, 16384, 16)), "as measured"
-    few = tuning.half_long_few
-    assert few == {"softmax": (128, 32768, 32), "rms_norm": (128, 16384, 32)}.get(op), "as measured"
-    prefetch = tuning.wide_prefetch if long.prefetch is None else long.prefetch
-    widths = (long.min_n, long.max_n) if long.max_n else (long.min_n, 131072, 128256)
-    for n in widths:
-        blocks = _rows.row_block_config(16384, n, 2, tuning)
-        assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch) == (long.block, long.warps,
-                                                                                       prefetch), n
-        if few:  # at most few[0] rows: its blocks (rows the cooperative split takes never get here)
-            assert tuple(_rows.row_block_config(few[0], n, 2, tuning))[1:3] == few[1:]
-            assert tuple(_rows.row_block_config(few[0] + 1, n, 2, tuning))[1:3] == (long.block, long.warps)
-    outside = (long.min_n - 1, long.max_n + 1) if long.max_n else (long.min_n - 1,)
+    lanes = {"prefetch": 1, "lanes": True}
+    measured = {"softmax": (_rows.HalfLong(16385, 4096, 8, max_n=20480, **lanes),
+                            _rows.HalfLong(20481, 8192, 16, max_n=49151, **lanes),
+                            _rows.HalfLong(49152, 16384, 16, max_n=65535, **lanes),
+                            _rows.HalfLong(65536, 16384, 16, max_n=98303, few=(128, 32768, 32), **lanes),
+                            _rows.HalfLong(98304, 32768, 32, **lanes)),
+                "rms_norm": (_rows.HalfLong(65536, 32768, 32, few=(128, 16384, 32)),),
+                "layer_norm": (_rows.HalfLong(49152, 16384, 32, max_n=98304),)}
+    rules = tuning.half_long
+    assert rules == measured.get(op, (_rows.HalfLong(65536, 16384, 16),)), "as measured"
+    assert all(a.max_n and a.max_n < b.min_n for a, b in zip(rules, rules[1:])), "ranges in order, apart"
+    plain = tuning._replace(half_long=())
+    for rule in rules:
+        prefetch = tuning.wide_prefetch if rule.prefetch is None else rule.prefetch
+        widths = (rule.min_n, rule.max_n) if rule.max_n else (rule.min_n, 131072, 128256)
+        for n in widths:
+            blocks = _rows.row_block_config(16384, n, 2, tuning)
+            assert blocks.wide and (blocks.block_n, blocks.num_warps, blocks.prefetch, blocks.lanes) == (
+                rule.block, rule.warps, prefetch, rule.lanes), n
+            if rule.few:  # at most few[0] rows: its blocks (rows the cooperative split takes never get here)
+                assert tuple(_rows.row_block_config(rule.few[0], n, 2, tuning))[1:3] == rule.few[1:]
+                assert tuple(_rows.row_block_config(rule.few[0] + 1, n, 2, tuning))[1:3] == (rule.block, rule.warps)
+            assert _rows.row_block_config(16384, n, 4, tuning) == _rows.row_block_config(16384, n, 4, plain), \
+                "float32 keeps its rules"
+    outside = (rules[0].min_n - 1,) + ((rules[-1].max_n + 1,) if rules[-1].max_n else ())
     for n in outside:
-        assert tuple(_rows.row_block_config(16384, n, 2, tuning))[1:3] != (long.block, long.warps), n
-        if few:
-            assert tuple(_rows.row_block_config(few[0], n, 2, tuning))[1:3] != few[1:], n
-    assert _rows.row_block_config(16384, long.min_n, 4, tuning) == _rows.row_block_config(
-        16384, long.min_n, 4, tuning._replace(half_long=None)), "float32 keeps its rules"
-    lowered = tuning._replace(half_long=long._replace(min_n=1000, block=256, warps=4, max_n=long.max_n and 1100),
-                              half_long_few=few and (2, 512, 4))
-    cases = ((3, 1000, 256), (3, 999, 64), (2, 1000, 512 if few else 256)) + ((3, 1101, 64),) * bool(long.max_n)
-    _through_lowered_rule(op, lowered, cases, fuseaudit_device)
+        assert _rows.row_block_config(16384, n, 2, tuning) == _rows.row_block_config(16384, n, 2, plain), n
+        assert _rows.row_block_config(8, n, 2, tuning) == _rows.row_block_config(8, n, 2, plain), n
+    lowered_rules = tuple(rule._replace(min_n=1000 + 200 * i, max_n=rule.max_n and 1199 + 200 * i, block=256,
+                                        warps=4, few=rule.few and (2, 512, 4)) for i, rule in enumerate(rules))
+    lowered = tuning._replace(half_long=lowered_rules)
+    cases = [(3, 999, 64)] + [(3, rule.min_n, 256) for rule in lowered_rules]
+    cases += [(2, rule.min_n, 512) for rule in lowered_rules if rule.few]
+    cases += [(3, lowered_rules[-1].max_n + 1, 64)] * bool(lowered_rules[-1].max_n)
+    _through_lowered_rule(op, lowered, tuple(cases), fuseaudit_device)
 
 
 def _through_lowered_rule(op: str, lowered, cases, device: str) -> None:
@@ -651,8 +666,9 @@ def test_narrow_rows_loop(op, fuseaudit_device):
     1024 rows, 5121 to 8192 in 4096 or 2048 in 8 warps, 5120 in 1024 in 8, 2048 to 4096 in 2048 in 4.  They are
     compiled for their width with Welford's pass 1 up to ``FIXED_WIDTH_MAX``; fewer rows, widths no block divides
     or outside the ranges, float32 and the other ops keep their rules, and wider rows, float32 and the residual
-    variant keep N a runtime argument.  With the rule lowered to rows of 65 to 128 (blocks of 32 or 16) and of 40
-    to 64 (blocks of 8), strided bfloat16 rows go through it against float64."""
+    variant keep N a runtime argument (but its rows of 65536 and more, in ``ADD_TUNING.half_long``'s blocks, are
+    compiled for their width too).  With the rule lowered to rows of 65 to 128 (blocks of 32 or 16) and of 40 to 64
+    (blocks of 8), strided bfloat16 rows go through it against float64."""
     import importlib
 
     from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
@@ -687,7 +703,9 @@ def test_narrow_rows_loop(op, fuseaudit_device):
         assert fixed(256, 14336) == 14336 and fixed(8, 49151) == 49151 and fixed(16384, 65536) == 65536
         assert fixed(8, 98304) == 98304
         assert fixed(8, 98305) == fixed(16384, 131072) == fixed(8, 40000, torch.float32) == 0
-        assert fixed(8, 40000, residual=True) == 0
+        assert fixed(8, 40000, residual=True) == fixed(8, 65536, torch.float32, residual=True) == 0
+        # the residual variant's rows in ADD_TUNING.half_long's blocks (65536 and more)
+        assert fixed(8, 65536, residual=True) == 65536 and fixed(8, 131072, torch.float16, residual=True) == 131072
     lowered = tuning._replace(half_looped=(_rows.NarrowLooped(65, 128, 1, (32, 16), 4),
                                            _rows.NarrowLooped(40, 64, 1, (8,), 2)))
     _through_lowered_rule(op, lowered, ((3, 96, 32), (3, 80, 16), (3, 100, 128), (3, 64, 8), (3, 40, 8),
@@ -718,7 +736,7 @@ def test_split_warps():
 def test_rms_norm_fixed_width(fuseaudit_device):
     """rms_norm's looped kernel is compiled for the row's width (``N_FIXED``) in half-precision rows of 20481 to
     65536 and in any that loop in blocks of 16384 or more (rows of 65536 and more: 32768, ``half_long``; up to 128
-    rows 16384, ``half_long_few``), without a residual (measured on the H200, see ``FIXED_WIDTH_MAX``); narrower rows,
+    rows 16384, its ``few``), without a residual (measured on the H200, see ``FIXED_WIDTH_MAX``); narrower rows,
     float32 and add_rms_norm keep N a runtime argument.  With the range lowered to every width and the cap to 256
     bytes, bfloat16 and float16 rows, contiguous and strided, in blocks that divide them or not and with pass 1 in
     wider blocks (StatsBlock), go through the kernel compiled for their width against float64."""
@@ -727,7 +745,7 @@ def test_rms_norm_fixed_width(fuseaudit_device):
     from fuseaudit.case import Case
 
     assert (rms_norm.FIXED_WIDTH_MIN, rms_norm.FIXED_WIDTH_MAX, rms_norm.FIXED_BLOCK) == (20481, 65536, 16384)
-    assert rms_norm.TUNING.half_long_few == (128, rms_norm.FIXED_BLOCK, 32), "as measured"
+    assert rms_norm.TUNING.half_long[0].few == (128, rms_norm.FIXED_BLOCK, 32), "as measured"
 
     def fixed(rows, n, dtype=torch.bfloat16, residual=False):
         plan = _plan_for("add_rms_norm" if residual else "rms_norm", rows, n, dtype, fuseaudit_device)
