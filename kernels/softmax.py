@@ -342,6 +342,21 @@ def softmax_wide_kernel(
 
 
 @triton.jit
+def _next_logits(x_row, x_next, cols, N, sxn, scale, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+                 EVEN: tl.constexpr):
+    """A pass-1 step: the logits ``x * scale`` at ``cols`` in float32 (``-inf`` past N), and the block loaded ahead.
+
+    (See ``_rows.next_pair_block``: with ``PREFETCH`` the block at ``cols``
+    is ``x_next``, loaded the step before.)
+    """
+    x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
+    s = x.to(tl.float32) * scale
+    if not EVEN:  # the lanes past N
+        s = tl.where(cols < N, s, float("-inf"))
+    return s, x_next
+
+
+@triton.jit
 def _lane_stats(x_row, N, sxn, scale, PRECISE: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
                 EVEN: tl.constexpr, VEC: tl.constexpr):
     """Pass 1 of the looped kernel with no reduction across threads inside the loop: ``(m, d)``.
@@ -366,11 +381,7 @@ def _lane_stats(x_row, N, sxn, scale, PRECISE: tl.constexpr, BLOCK_N: tl.constex
     # the first block ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
     x_next, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)
     for start in range(0, N, BLOCK_N):
-        cols = start + offs
-        x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
-        s = x.to(tl.float32) * scale
-        if not EVEN:  # the lanes past N
-            s = tl.where(cols < N, s, float("-inf"))
+        s, x_next = _next_logits(x_row, x_next, start + offs, N, sxn, scale, BLOCK_N, PREFETCH, EVEN)
         s = tl.reshape(s, [BLOCK_N // VEC, VEC])
         m_blk = tl.max(s, axis=1)
         m_new = tl.where(m_blk > m_v + RESCALE_SLACK, m_blk, m_v)
@@ -397,11 +408,7 @@ def _block_stats(x_row, N, sxn, scale, PRECISE: tl.constexpr, BLOCK_N: tl.conste
     # the first block ahead (dead code without PREFETCH >= 1: see _rows.load_pair_block)
     x_next, _ = load_pair_block(x_row, x_row, offs, N, sxn, sxn, False)
     for start in range(0, N, BLOCK_N):
-        cols = start + offs
-        x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
-        s = x.to(tl.float32) * scale
-        if not EVEN:  # the lanes past N
-            s = tl.where(cols < N, s, float("-inf"))
+        s, x_next = _next_logits(x_row, x_next, start + offs, N, sxn, scale, BLOCK_N, PREFETCH, EVEN)
         m_blk = tl.max(s, axis=0)
         m_new = tl.where(m_blk > m + RESCALE_SLACK, m_blk, m)
         # While every logit so far is -inf, measure from 0 (exps are 0, not NaN).
