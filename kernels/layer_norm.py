@@ -70,7 +70,9 @@ Three kernels share the work:
       M2   = M2_a + M2_b + delta^2 * n_a * n_b / n
 
   (both running sums carry Kahan compensations).  Pass 2 normalises, so the
-  row is read twice (the second read usually hits L2).
+  row is read twice (the second read usually hits L2); after Welford's
+  pass, in rows past the cap, pass 2 starts from the block pass 1 ended
+  on, still in registers (:func:`keep_last`).
 * :func:`layer_norm_coop_kernel` is for a few wide rows (decode): each row
   is split over ``SPLITS`` programs of one cooperative launch (see
   ``_coop.py``).  Each holds a chunk in registers and publishes its sum of
@@ -262,6 +264,22 @@ COOP_EARLY_MAX = 8192
 # ADD_TUNING), keeping Chan's pass 1.
 FIXED_WIDTH_MAX = TUNING.half_long[0].max_n
 
+# Pass 2 of the looped kernel starts from the block Welford's pass 1 ended on, still in registers, rather than reading
+# it again (KEEP, see keep_last), in rows past the cap (16384) that its blocks divide.  H200, event µs after an L2
+# flush, three interleaved rounds, read again -> kept (reports/h200/probe2-, probe3-, probe6-session30.txt):
+# bf16 16384 x 65536 1130.7 -> 1114.8 (fp16 1129.2 -> 1108.3), 4096 x 65536 296.4 -> 288.6, 1024 x 65536 85.1 ->
+# 80.8, 256 x 65536 27.0 -> 26.5, 128 x 65536 14.7 -> 14.6, 16384 x 98304 2034.8 -> 1994.2, 1024 x 98304 134.9 ->
+# 131.5, 16384 x 49152 838.8 -> 825.7, 16384 x 32768 544.8 -> 526.4, 1024 x 32768 43.4 -> 42.3.  The narrow rows that
+# loop (NarrowLooped) gained in blocks of 2048 (16384 x 14336 231.0 -> 225.5, fp16 226.3 -> 224.5, 2048 x 14336 37.7
+# -> 36.2; 1024 x 14336 a tie) but not in blocks of 4096 (1024 x 16384 23.5 -> 23.7, 512 x 16384 15.5 -> 15.8, 4096 x
+# 16384 69.5 -> 69.9, 16384 x 16384 a tie; 16384 x 8192 131.5 -> 143.6, 1024 x 8192 14.4 -> 15.6), so they keep
+# reading; and rows the blocks do not divide lost (16384 x 40000 679.2 -> 772.2, 1024 x 20000 29.9 -> 30.6; 16384 x
+# 24000 won, 415.8 -> 403.0).  The same change lost or tied in rms_norm's and softmax's looped kernels (bf16 16384 x
+# 65536: 999.6 -> 1011.1 and 1073.1 -> 1070.6; 16384 x 32768 softmax 518.6 -> 625.6, probe2-session30.txt), and,
+# kept through the loop rather than taken after it, in the residual variants (add_rms_norm 16384 x 65536 2199.5 ->
+# 2252.8, probe1-session30.txt).
+KEEP_MIN_N = 16385
+
 # One pass while (mean - x0)^2 <= ONE_PASS_RATIO * var, i.e. x0 within 4 std of the mean.
 ONE_PASS_RATIO = tl.constexpr(16.0)
 
@@ -410,7 +428,8 @@ def _chan_merge(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
 
 
 @triton.jit
-def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr):
+def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
+                        KEEP: tl.constexpr):
     """Pass 1 of the looped kernel, half-precision rows up to ``FIXED_WIDTH_MAX`` without a residual: Welford.
 
     Lane ``j`` sees elements ``j, j + BLOCK_N, ...`` of the row and keeps
@@ -428,15 +447,17 @@ def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
     x_next, _ = load_pair_block(x_row, x_row, offs + BLOCK_N, N, sxn, sxn, False)
     mean = x.to(tl.float32)
     m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(BLOCK_N, N, BLOCK_N):
+    # KEEP: the last block is taken after the loop, and returned for pass 2 (see keep_last).
+    last = (N - 1) // BLOCK_N * BLOCK_N
+    for start in range(BLOCK_N, last if KEEP else N, BLOCK_N):
         cols = start + offs
         x, _, x_next, _ = next_pair_block(x_row, x_row, x_next, x_next, cols, N, sxn, sxn, False, BLOCK_N, PREFETCH)
-        xf = x.to(tl.float32)
-        d = xf - mean
-        if not EVEN:  # the lanes past N (loaded as 0) keep what they had
-            d = tl.where(cols < N, d, 0.0)
-        mean += d * (1.0 / (start // BLOCK_N + 1))  # this lane's element start // BLOCK_N + 1
-        m2 += d * (xf - mean)
+        mean, m2 = _welford_step(mean, m2, x, cols, start, N, BLOCK_N, EVEN)
+    if KEEP:  # the last block: loaded ahead by the loop's last step (or before the loop), else now
+        x = x_next
+        if PREFETCH == 0:
+            x, _ = load_pair_block(x_row, x_row, last + offs, N, sxn, sxn, False)
+        mean, m2 = _welford_step(mean, m2, x, last + offs, last, N, BLOCK_N, EVEN)
     count = ((N - offs + BLOCK_N - 1) // BLOCK_N).to(tl.float32)  # elements each lane saw
     # The lanes merged as sums about the row's first element x0: each lane's
     # count * (mean - x0) and M2 + count * (mean - x0)^2, one reduction of
@@ -452,7 +473,19 @@ def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
     if shift * shift > ONE_PASS_RATIO * var:
         row_mean, row_m2, _n = tl.reduce((mean, m2, count), 0, _chan_merge)
         var = tl.math.div_rn(row_m2, N * 1.0)
-    return row_mean, var
+    return row_mean, var, x  # x: the last block (KEEP)
+
+
+@triton.jit
+def _welford_step(mean, m2, x, cols, start, N, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+    """Block ``x`` (columns ``cols`` from ``start`` on) into each lane's running mean and ``M2``, Welford's way."""
+    xf = x.to(tl.float32)
+    d = xf - mean
+    if not EVEN:  # the lanes past N (loaded as 0) keep what they had
+        d = tl.where(cols < N, d, 0.0)
+    mean += d * (1.0 / (start // BLOCK_N + 1))  # this lane's element start // BLOCK_N + 1
+    m2 += d * (xf - mean)
+    return mean, m2
 
 
 @triton.jit
@@ -560,8 +593,11 @@ def layer_norm_wide_kernel(
     BLOCK_S: tl.constexpr,  # pass 1's block in half precision without a residual: BLOCK_N, or wider (_rows.StatsBlock)
     EVEN: tl.constexpr,  # BLOCK_N and BLOCK_S divide N: no column masks (see _rows.even_blocks)
     N_FIXED: tl.constexpr,  # N itself, compiled in, or 0 (see FIXED_WIDTH_MAX)
+    KEEP: tl.constexpr = False,  # pass 2 starts from the block pass 1 ended on, in registers (see keep_last)
 ):
     # One row per program, BLOCK_N < N columns at a time.
+    if KEEP:  # only Welford's pass 1 (below) ends on a block pass 2 can take
+        tl.static_assert(BLOCK_S == BLOCK_N and N_FIXED > BLOCK_N)
     if N_FIXED > 0:
         N = N_FIXED
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
@@ -577,7 +613,7 @@ def layer_norm_wide_kernel(
     # faster (see ADD_TUNING).
     if X.dtype.element_ty != tl.float32 and not HAS_RESIDUAL:
         if N_FIXED > 0:
-            mean, var = _wide_stats_welford(x_row, N, sxn, BLOCK_S, PREFETCH, EVEN)
+            mean, var, x_keep = _wide_stats_welford(x_row, N, sxn, BLOCK_S, PREFETCH, EVEN, KEEP)
         else:
             mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_S, PREFETCH, BLOCK_S > BLOCK_N, EVEN)
     else:
@@ -598,10 +634,14 @@ def layer_norm_wide_kernel(
     # Welford's pass 1 (N_FIXED: 16384 x 32768 in 539.6 µs, see FIXED_WIDTH_MAX).
     offs = tl.arange(0, BLOCK_N)
     last = (N - 1) // BLOCK_N * BLOCK_N
+    FIRST: tl.constexpr = BLOCK_N if KEEP else 0  # blocks already done, from the registers
+    if KEEP:
+        w, b = _load_wb(W, B, last + offs, N, swn, sbn, EVEN)
+        _norm_block(Y, out, last + offs, x_keep, w, b, mean, rstd, N, EVEN)
     # the first block ahead (dead code without PREFETCH >= 2: see _rows.load_pair_block)
-    x_next = load_back_block(x_row, H + out, last + offs, N, sxn, HAS_RESIDUAL)
-    w_next, b_next = _load_wb(W, B, last + offs, N, swn, sbn)
-    for offset in range(0, N, BLOCK_N):
+    x_next = load_back_block(x_row, H + out, last - FIRST + offs, N, sxn, HAS_RESIDUAL)
+    w_next, b_next = _load_wb(W, B, last - FIRST + offs, N, swn, sbn)  # (KEEP: N > BLOCK_N, so last - FIRST >= 0)
+    for offset in range(FIRST, N, BLOCK_N):
         cols = (last - offset) + offs
         if PREFETCH >= 2:
             x, w, b = x_next, w_next, b_next
@@ -612,8 +652,14 @@ def layer_norm_wide_kernel(
         else:
             x = load_back_block(x_row, H + out, cols, N, sxn, HAS_RESIDUAL, EVEN)
             w, b = _load_wb(W, B, cols, N, swn, sbn, EVEN)
-        y = (x.to(tl.float32) - mean) * rstd * w.to(tl.float32) + b.to(tl.float32)
-        tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N)
+        _norm_block(Y, out, cols, x, w, b, mean, rstd, N, EVEN)
+
+
+@triton.jit
+def _norm_block(Y, out, cols, x, w, b, mean, rstd, N, EVEN: tl.constexpr):
+    """Pass 2 of the looped kernel, one block: ``y = (x - mean) * rstd * w + b``, stored (``EVEN``: no column mask)."""
+    y = (x.to(tl.float32) - mean) * rstd * w.to(tl.float32) + b.to(tl.float32)
+    tl.store(Y + out + cols, to_dtype(y, Y.dtype.element_ty), mask=None if EVEN else cols < N)
 
 
 @triton.jit
@@ -729,6 +775,19 @@ def fixed_width(n: int, element_size: int, has_residual: bool) -> int:
     return n if n <= FIXED_WIDTH_MAX else 0
 
 
+def keep_last(n: int, element_size: int, has_residual: bool, blocks: _rows.RowBlocks) -> bool:
+    """The looped kernel's ``KEEP`` for rows of ``n`` in ``blocks``: whether pass 2 starts from pass 1's last block.
+
+    Only Welford's pass 1 (half precision, no residual, compiled for the
+    width: :func:`fixed_width`) ends on a block pass 2 can take, where the
+    row is more than one of them; from ``KEEP_MIN_N`` columns, in blocks that
+    divide the row (where it was measured faster; read at plan time).
+    """
+    welford = element_size == 2 and not has_residual and fixed_width(n, element_size, has_residual) > 0
+    return (welford and blocks.wide and blocks.stats_block_n == blocks.block_n < n and n >= KEEP_MIN_N
+            and even_blocks(n, blocks.block_n))
+
+
 def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
           eps: float) -> Plan | None:
     """Check the inputs and choose the kernel, grid and tile; None when there is nothing to launch."""
@@ -751,7 +810,8 @@ def _plan(op: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch
                     HAS_RESIDUAL=residual is not None, BLOCK_N=blocks.block_n, PREFETCH=blocks.prefetch,
                     ALIGN=row_alignment(n, layout), BLOCK_S=blocks.stats_block_n,
                     EVEN=even_blocks(n, blocks.block_n, blocks.stats_block_n),
-                    N_FIXED=fixed_width(n, x.element_size(), residual is not None), num_warps=blocks.num_warps)
+                    N_FIXED=fixed_width(n, x.element_size(), residual is not None),
+                    KEEP=keep_last(n, x.element_size(), residual is not None, blocks), num_warps=blocks.num_warps)
     else:
         plan = Plan(layer_norm_kernel, (triton.cdiv(layout.rows, blocks.block_m),), layout.rows, n, d1, d2, *sx,
                     *sr, *vectors, HAS_RESIDUAL=residual is not None, BLOCK_M=blocks.block_m,

@@ -102,6 +102,8 @@ SCRIPT = textwrap.dedent(
                         consts["BLOCK_S"] = b.stats_block_n
                     if module is layer_norm:  # compiled for the row's width, or not (FIXED_WIDTH_MAX)
                         consts["N_FIXED"] = layer_norm.fixed_width(n, dtype.itemsize, extra["HAS_RESIDUAL"])
+                        # pass 2 from pass 1's last block (Welford's pass, more than one block)
+                        consts["KEEP"] = layer_norm.keep_last(n, dtype.itemsize, extra["HAS_RESIDUAL"], b)
                     if module is rms_norm:
                         consts["N_FIXED"] = rms_norm.fixed_width(n, dtype.itemsize, extra["HAS_RESIDUAL"], b.block_n)
                     consts["EVEN"] = _rows.even_blocks(n, b.block_n, b.stats_block_n)

@@ -712,6 +712,53 @@ def test_narrow_rows_loop(op, fuseaudit_device):
                                         (3, 36, 64)), fuseaudit_device)
 
 
+def test_layer_norm_keeps_last_block(fuseaudit_device):
+    """Plain layer_norm's looped kernel, where pass 1 is Welford's (half precision, compiled for the width), takes
+    the block that pass ends on from registers as pass 2's first (``keep_last``: the kernel's ``KEEP``), where the
+    row is more than one block, from ``KEEP_MIN_N`` columns, in blocks that divide it (as measured on the H200).  It
+    changes no result: through the lowered cap and rule (blocks of 64; rows of 1024, 192 and 128, with and without
+    prefetching, strided), the outputs with and without it are bitwise equal, and match float64; the kernel keeps
+    a partial last block as well (rows of 1000)."""
+    from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
+
+    from fuseaudit.case import Case
+
+    assert layer_norm.KEEP_MIN_N == 16385, "as measured"
+
+    def keep(rows, n, dtype=torch.bfloat16, residual=False):
+        plan = _plan_for("add_layer_norm" if residual else "layer_norm", rows, n, dtype, fuseaudit_device)
+        return plan.kernel is layer_norm.layer_norm_wide_kernel and plan.meta["KEEP"]
+
+    with _launch.retuned(_coop, ENABLED=False):
+        assert keep(16384, 65536) and keep(1024, 65536, torch.float16) and keep(8, 98304) and keep(16384, 32768)
+        assert keep(8, 49152) and keep(1024, 24576)
+        assert not (keep(16384, 16384) or keep(16384, 14336) or keep(1024, 4096)), "narrower than KEEP_MIN_N"
+        assert not (keep(16384, 40000) or keep(16384, 20000)), "blocks that do not divide the row"
+        assert not (keep(8, 131072) or keep(8, 40000, torch.float32) or keep(16384, 65536, residual=True))
+    spec = OPS["layer_norm"]
+    torch.manual_seed(0)
+    for prefetch in (0, 1):
+        tuning = layer_norm.TUNING._replace(wide_prefetch=prefetch)
+        with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(layer_norm, TUNING=tuning, KEEP_MIN_N=0), \
+                _launch.retuned(_coop, ENABLED=False):
+            for dtype, n in ((torch.bfloat16, 1024), (torch.float16, 192), (torch.bfloat16, 256),
+                             (torch.bfloat16, 1000)):
+                assert keep(3, n, dtype) == (n % 64 == 0), n
+                x = torch.randn(n, 3, device=fuseaudit_device).to(dtype).t()  # strided rows
+                w, b = torch.randn(2, n, device=fuseaudit_device).to(dtype)
+                outputs = []
+                for forced in (True, False):  # the kernel with KEEP and without, whatever the rule says
+                    with _launch.retuned(layer_norm, keep_last=lambda *args, forced=forced: forced):
+                        assert keep(3, n, dtype) == forced
+                        outputs.append(layer_norm.layer_norm(x, w, b))
+                assert torch.equal(*outputs), (dtype, n, prefetch)
+                case = Case(op="layer_norm", dtype=str(dtype).removeprefix("torch."), dims={"lead": (3,), "N": n},
+                            regime="normal", layouts={name: "transposed" for name in spec.input_names},
+                            params=spec.defaults(), seed=n)
+                run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                         target=spec.reference).raise_for_failures()
+
+
 def test_split_warps():
     """A split row gets ``2 x element size`` warps, more where a thread would hold over ``SPLIT_MAX_PER_THREAD``
     elements: the layer_norms' half-precision rows of 8192 + 4096 (N = 11008) and 8192 + 2048 in 8 warps, 8192 +
