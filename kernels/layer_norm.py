@@ -783,7 +783,7 @@ def keep_last(n: int, element_size: int, has_residual: bool, blocks: _rows.RowBl
     row is more than one of them; from ``KEEP_MIN_N`` columns, in blocks that
     divide the row (where it was measured faster; read at plan time).
     """
-    welford = element_size == 2 and not has_residual and fixed_width(n, element_size, has_residual) > 0
+    welford = not has_residual and fixed_width(n, element_size, has_residual) > 0  # (fixed_width: half only)
     return (welford and blocks.wide and blocks.stats_block_n == blocks.block_n < n and n >= KEEP_MIN_N
             and even_blocks(n, blocks.block_n))
 
