@@ -716,7 +716,7 @@ def test_layer_norm_keeps_last_block(fuseaudit_device):
     """Plain layer_norm's looped kernel, where pass 1 is Welford's (half precision, compiled for the width), takes
     the block that pass ends on from registers as pass 2's first (``keep_last``: the kernel's ``KEEP``), where the
     row is more than one block, from ``KEEP_MIN_N`` columns, in blocks that divide it (as measured on the H200).  It
-    changes no result: through the lowered cap and rule (blocks of 64; rows of 1024, 192 and 128, with and without
+    changes no result: through the lowered cap and rule (blocks of 64; rows of 1024, 192 and 256, with and without
     prefetching, strided), the outputs with and without it are bitwise equal, and match float64; the kernel keeps
     a partial last block as well (rows of 1000)."""
     from fuseaudit.kernels import _coop, _launch, _rows, layer_norm
