@@ -504,15 +504,19 @@ class HalfShort(NamedTuple):
 class HalfLong(NamedTuple):
     """Half-precision rows past the cap, ``min_n`` to ``max_n`` columns (0: any): blocks of ``block`` in ``warps``.
 
+    (A tuning's ``float32_long`` rules give float32 rows that loop their blocks alike.)
+
     Wide rows move the most bytes per program: larger blocks in more warps
     keep more of a row in flight, and a row of 65536 in blocks of 32768 is
     two loads of 64 KiB.  ``prefetch`` is the looped kernel's
     ``RowBlocks.prefetch`` for these rows (None: the tuning's
     ``wide_prefetch``); ``few``, ``(max_rows, block, warps)``, replaces the
     blocks where there are at most ``max_rows`` rows (one program a row,
-    each alone on an SM); ``lanes`` is ``RowBlocks.lanes``.  A tuning lists
-    such rules for ranges of widths that do not overlap (``RowTuning.half_long``);
-    each op's tuning says what it measured and where a rule stops paying.
+    each alone on an SM); ``lanes`` is ``RowBlocks.lanes``; with ``pads_as``
+    the rule holds only rows that its blocks pad to no more columns than
+    blocks of ``pads_as`` would.  A tuning lists such rules for ranges of
+    widths that do not overlap (``RowTuning.half_long``); each op's tuning
+    says what it measured and where a rule stops paying.
     """
 
     min_n: int
@@ -522,9 +526,12 @@ class HalfLong(NamedTuple):
     prefetch: int | None = None
     few: tuple[int, int, int] | None = None
     lanes: bool = False
+    pads_as: int = 0
 
     def applies(self, n: int) -> bool:
-        """Whether rows of ``n`` columns (half precision, past the cap) take these blocks."""
+        """Whether rows of ``n`` columns (past the cap, in the precision of the list holding it) take these blocks."""
+        if self.pads_as and triton.cdiv(n, self.block) * self.block > triton.cdiv(n, self.pads_as) * self.pads_as:
+            return False
         return self.min_n <= n and (not self.max_n or n <= self.max_n)
 
 
@@ -666,6 +673,9 @@ class RowTuning(NamedTuple):
     # what it measured (the residual norms: blocks of 16384 in 16 warps from
     # 65536 columns).
     half_long: tuple[HalfLong, ...] = ()
+    # The same for float32 rows that loop (HalfLong's rules, ``few`` and all;
+    # rows no rule holds: float32_wide).  Each op's tuning says what it measured.
+    float32_long: tuple[HalfLong, ...] = ()
     # (max_n, warps, min_rows): half-precision rows narrower than max_n, at
     # least min_rows of them, that loop in the default blocks (half the cap:
     # none of half_short, half_long, the uneven rules applies) take ``warps``
@@ -810,13 +820,14 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
             split = split._replace(block_m=min(next_pow2(rows), per_program))
         return split
     if wide:  # loop over the row in blocks of half the (unscaled) cap
-        if element_size == 4 and tuning.float32_wide and n >= 2 * tuning.float32_wide[0]:
+        long_rules = tuning.float32_long if element_size == 4 else tuning.half_long
+        long = next((rule for rule in long_rules if rule.applies(n)), None)
+        if element_size == 4 and long is None and tuning.float32_wide and n >= 2 * tuning.float32_wide[0]:
             block, warps = tuning.float32_wide
             return RowBlocks(1, block, warps, True, prefetch=prefetch)
         short = tuning.half_short
         if element_size == 2 and short and rows >= short.min_rows and short.block < n < short.max_n:
             return RowBlocks(1, short.block, short.warps, True, prefetch=prefetch)
-        long = next((rule for rule in tuning.half_long if rule.applies(n)), None) if element_size == 2 else None
         if long is not None:
             block, warps = long.block, long.warps
             if long.few and rows <= long.few[0]:

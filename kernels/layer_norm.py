@@ -40,8 +40,9 @@ Three kernels share the work:
 * :func:`layer_norm_wide_kernel` is for rows wider than ``_rows.MAX_FUSED_BYTES``
   (twice that with a residual: see ``TUNING``), and for many half-precision
   rows of 2048 to 16384 that blocks divide (``_rows.NarrowLooped``).  Pass 1
-  loops over column blocks.  Half-precision rows without a residual up to
-  ``FIXED_WIDTH_MAX`` wide, compiled for their width, keep Welford's running
+  loops over column blocks.  Rows without a residual compiled for their
+  width (:func:`fixed_width`: half precision up to ``FIXED_WIDTH_MAX`` wide,
+  float32 whenever they loop) keep Welford's running
   mean and ``M2`` in each lane (lane ``j`` sees elements ``j, j + BLOCK_N,
   ...``)::
 
@@ -51,7 +52,8 @@ Three kernels share the work:
   about the row's first element x0, ``count * (mean - x0)`` and ``M2 +
   count * (mean - x0)^2``, into the one-pass variance above; past
   ``ONE_PASS_RATIO`` the lanes merge by Chan's formula (below) instead,
-  from the registers.  Wider half-precision rows take the one pass lane by
+  from the registers (float32 rows: the mean, then the lanes' ``M2`` about
+  it, two reductions).  Wider half-precision rows take the one pass lane by
   lane: each lane sums ``d = x - k`` and ``d^2`` over the blocks and one
   reduction ends the pass, with ``k`` the first block's mean, which lies
   within ``sqrt(N / BLOCK_N - 1)`` standard deviations of the row's (so the
@@ -107,6 +109,7 @@ from ._coop import (
 )
 from ._launch import Plan, output_like, planned
 from ._rows import (
+    FLOAT32_WHOLE_MAX,
     HalfLong,
     HalfShort,
     NarrowLooped,
@@ -168,6 +171,7 @@ from ._rows import (
 # 90.2 -> 91.4); rms_norm lost (16384 x 32768 510.0 -> 549.0).
 TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_prefetch=1, split_tail=TailSplit(),
                    float32_whole_from=16384, float32_wide=(8192, 16),
+                   float32_long=(HalfLong(FLOAT32_WHOLE_MAX + 1, 16384, 32, prefetch=1),),
                    half_short=HalfShort(32768, 4096, 8, min_rows=256), half_mid_warps=(49152, 16, 1024),
                    half_long=(HalfLong(49152, 16384, 32, max_n=98304),), float32_elements_per_thread=8,
                    half_looped=(NarrowLooped(12289, 16384, 256, (4096, 2048), 16),
@@ -201,6 +205,20 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # 65536 27.9 -> 27.2, 128 x 65536 16.2 -> 14.6, 1024 x 98304 140.1 -> 134.2, 1024 x 49152 66.5 -> 63.0.  Blocks of
 # 32768 lost (1024 x 65536 92.4), as did 16 warps (97.5) and rows of 131072 (16384 rows 2758.2 -> 2942.8, 1024 rows
 # 189.3 -> 186.9): they keep blocks of 8192 and N at runtime.
+# float32 rows that loop (wider than FLOAT32_WHOLE_MAX) loop in blocks of 16384 in 32 warps, prefetching in pass 1
+# (float32_long), compiled for their width with Welford's pass 1 as half-precision rows are (fixed_width; and KEEP
+# where keep_last says).  They had taken blocks of 8192 in 16 warps, N at runtime and Chan's pass 1, whose three
+# reductions a block waited on one another.  H200, event µs after an L2 flush, three interleaved rounds, those ->
+# these (reports/h200/probe6-, probe7-session31.txt): 16384 x 33000 1508.9 -> 1140.7, 16384 x 40000 1751.6 ->
+# 1290.1, 16384 x 49152 2103.4 -> 1630.2, 16384 x 65536 2852.7 -> 2438.4, 16384 x 98304 4445.7 -> 4037.7, 16384 x
+# 131072 5970.6 -> 5568.5, 4096 x 40000 447.3 -> 332.8, 4096 x 65536 742.4 -> 619.6, 1024 x 40000 118.9 -> 93.2,
+# 1024 x 65536 199.1 -> 164.4, 256 x 65536 58.1 -> 46.8, 128 x 65536 37.9 -> 26.2 (torch.compile 34.9), 128 x
+# 131072 74.4 -> 52.9 (60.2).  The same blocks without Welford's pass 1 gained less (16384 x 65536 2709.4), 16
+# warps (2488.5), blocks of 8192 in 32 warps (2614.6) and of 32768 (3709.8) less or lost; prefetching in both
+# passes won at 16384 x 33000 (1087.0) and lost from 40000 (1558.8).  Those probes merged the lanes as half precision
+# does; as shipped, exactly (see _wide_stats_welford; probe9-session31.txt): 16384 x 65536 2448.1, 16384 x 40000
+# 1317.7, 16384 x 36000 1560.6 -> 1180.5, 16384 x 80000 3552.0 -> 3182.2, 128 x 40000 24.5 -> 17.7.  (The residual
+# variant keeps its blocks: 16384 x 65536 4919.6, 5849.0 in these blocks prefetching in both passes, probe6-session31.)
 # float32 rows held whole within the cap run a thread to 8 elements, not 32 (float32_elements_per_thread; rows of
 # 2048 in 8 warps rather than 4, rows of 4096 in 8 (max_warps) rather than 4).  H200, event µs after an L2 flush,
 # (row-configs-probe2-session28.txt, row-configs-probe3-session28.txt): 16384 x 2048 69.6 -> 68.7 and 69.9 -> 68.7,
@@ -235,7 +253,8 @@ TUNING = RowTuning(elements_per_thread=32, max_warps=8, wide_warps=32, wide_pref
 # rows 140.9 -> 136.5, 1024 rows 40.5 -> 39.6, 256 rows 13.70 -> 13.41.  (Plain layer_norm tied, 265.3 -> 265.0, and
 # add_rms_norm too, 526.3 -> 527.4.)
 ADD_TUNING = TUNING._replace(fused_scale=2, wide_warps=8, float32_whole_from=0, float32_wide_prefetch=2,
-                             half_short=None, half_long=(HalfLong(65536, 16384, 16),), float32_cap_warps=(256, 16),
+                             float32_long=(), half_short=None, half_long=(HalfLong(65536, 16384, 16),),
+                             float32_cap_warps=(256, 16),
                              half_mid_warps=None, stats_block=None, half_looped=(), float32_elements_per_thread=0)
 
 # The cooperative kernel loads weight and bias before it waits for the row's
@@ -247,8 +266,8 @@ COOP_EARLY_MAX = 8192
 
 # Half-precision rows without a residual up to this wide, where they loop, are compiled for their width (the kernel's
 # N_FIXED: one compile per hidden size, as torch.compile's kernels are) and take pass 1 by Welford in each lane
-# (_wide_stats_welford); wider rows and float32 rows keep N a runtime argument and their pass 1 (the residual variant
-# keeps its pass 1, and N at runtime below ADD_TUNING.half_long).
+# (_wide_stats_welford); wider rows keep N a runtime argument and their pass 1 (float32 rows that loop: see TUNING;
+# the residual variant keeps its pass 1, and N at runtime below ADD_TUNING.half_long).
 # Neither change paid alone.  H200, bf16, event µs after an L2 flush, runtime N and shifted sums (the twenty-fourth
 # session's kernel) / Welford with N at runtime / Welford with N compiled in (the twenty-fifth session's probes; their
 # files were lost with its machine, reports/h200/README.md): 16384 x 20000 374.6 / 407.2 / 334.6, 1024 x 20000 31.3 /
@@ -430,13 +449,14 @@ def _chan_merge(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
 @triton.jit
 def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, EVEN: tl.constexpr,
                         KEEP: tl.constexpr):
-    """Pass 1 of the looped kernel, half-precision rows up to ``FIXED_WIDTH_MAX`` without a residual: Welford.
+    """Pass 1 of the looped kernel for rows compiled for their width without a residual (:func:`fixed_width`): Welford.
 
     Lane ``j`` sees elements ``j, j + BLOCK_N, ...`` of the row and keeps
     their running mean and ``M2`` (Welford: ``d = x - mean; mean += d / n;
-    M2 += d * (x - mean)``, no cancellation whatever the row's offset); one
-    reduction of two sums about x0 merges the lanes, or where x0 is far from
-    the mean a reduction by Chan's formula (see the module docstring).  No
+    M2 += d * (x - mean)``, no cancellation whatever the row's offset); in
+    half precision one reduction of two sums about x0 merges the lanes, or
+    where x0 is far from the mean a reduction by Chan's formula (see the
+    module docstring); in float32 two reductions, the mean and then M2.  No
     block waits on a reduction before the loop (the shifted sums' ``k``), and
     no row is read a third time; with the row width compiled in it was the
     faster pass (see ``FIXED_WIDTH_MAX``).
@@ -459,20 +479,29 @@ def _wide_stats_welford(x_row, N, sxn, BLOCK_N: tl.constexpr, PREFETCH: tl.const
             x, _ = load_pair_block(x_row, x_row, last + offs, N, sxn, sxn, False)
         mean, m2 = _welford_step(mean, m2, x, last + offs, last, N, BLOCK_N, EVEN)
     count = ((N - offs + BLOCK_N - 1) // BLOCK_N).to(tl.float32)  # elements each lane saw
-    # The lanes merged as sums about the row's first element x0: each lane's
-    # count * (mean - x0) and M2 + count * (mean - x0)^2, one reduction of
-    # two sums, var = S2 / N - (S1 / N)^2 as in the whole-row kernel's one
-    # pass; where x0 is far from the mean (ONE_PASS_RATIO) that cancels and
-    # the lanes merge by Chan's formula instead, from the registers.
     x0 = tl.load(x_row).to(tl.float32)
     dk = mean - x0
-    s1, s2 = tl.reduce((count * dk, m2 + count * dk * dk), 0, _add_pair)
-    shift = tl.math.div_rn(s1, N * 1.0)  # the row's mean - x0
-    row_mean = x0 + shift
-    var = tl.maximum(tl.math.div_rn(s2, N * 1.0) - shift * shift, 0.0)
-    if shift * shift > ONE_PASS_RATIO * var:
-        row_mean, row_m2, _n = tl.reduce((mean, m2, count), 0, _chan_merge)
-        var = tl.math.div_rn(row_m2, N * 1.0)
+    if x_row.dtype.element_ty == tl.float32:
+        # float32 outputs would see the one pass's rounding (see the module
+        # docstring): the row's mean first, then the lanes' M2 about it, a sum
+        # of terms >= 0 (M2 + count * (mean - row mean)^2) that cannot cancel.
+        row_mean = x0 + tl.math.div_rn(tl.sum(count * dk, axis=0), N * 1.0)
+        dm = mean - row_mean
+        var = tl.math.div_rn(tl.sum(m2 + count * dm * dm, axis=0), N * 1.0)
+    else:
+        # The lanes merged as sums about the row's first element x0: each
+        # lane's count * (mean - x0) and M2 + count * (mean - x0)^2, one
+        # reduction of two sums, var = S2 / N - (S1 / N)^2 as in the whole-row
+        # kernel's one pass; where x0 is far from the mean (ONE_PASS_RATIO)
+        # that cancels and the lanes merge by Chan's formula instead, from the
+        # registers.
+        s1, s2 = tl.reduce((count * dk, m2 + count * dk * dk), 0, _add_pair)
+        shift = tl.math.div_rn(s1, N * 1.0)  # the row's mean - x0
+        row_mean = x0 + shift
+        var = tl.maximum(tl.math.div_rn(s2, N * 1.0) - shift * shift, 0.0)
+        if shift * shift > ONE_PASS_RATIO * var:
+            row_mean, row_m2, _n = tl.reduce((mean, m2, count), 0, _chan_merge)
+            var = tl.math.div_rn(row_m2, N * 1.0)
     return row_mean, var, x  # x: the last block (KEEP)
 
 
@@ -607,15 +636,14 @@ def layer_norm_wide_kernel(
     out = out_row_offsets(row, N, ALIGN)
 
     # Pass 1: the row's mean and variance; with a residual, h = x + residual
-    # is formed, rounded and stored here.  Welford's lanes or shifted sums
-    # where they were measured faster (see FIXED_WIDTH_MAX and TUNING); with
-    # a residual pass 1 moves three times the bytes and they measured no
-    # faster (see ADD_TUNING).
-    if X.dtype.element_ty != tl.float32 and not HAS_RESIDUAL:
-        if N_FIXED > 0:
-            mean, var, x_keep = _wide_stats_welford(x_row, N, sxn, BLOCK_S, PREFETCH, EVEN, KEEP)
-        else:
-            mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_S, PREFETCH, BLOCK_S > BLOCK_N, EVEN)
+    # is formed, rounded and stored here.  Welford's lanes (rows compiled for
+    # their width) or, in half precision, shifted sums where they were
+    # measured faster (see FIXED_WIDTH_MAX and TUNING); with a residual pass
+    # 1 moves three times the bytes and they measured no faster (see ADD_TUNING).
+    if N_FIXED > 0 and not HAS_RESIDUAL:
+        mean, var, x_keep = _wide_stats_welford(x_row, N, sxn, BLOCK_S, PREFETCH, EVEN, KEEP)
+    elif X.dtype.element_ty != tl.float32 and not HAS_RESIDUAL:
+        mean, var = _wide_stats_shifted(x_row, N, sxn, BLOCK_S, PREFETCH, BLOCK_S > BLOCK_N, EVEN)
     else:
         mean, var = _wide_stats_chan(x_row, r_row, H, out, N, sxn, srn, HAS_RESIDUAL, BLOCK_N, PREFETCH)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
@@ -764,26 +792,26 @@ def _layer_norm(
 def fixed_width(n: int, element_size: int, has_residual: bool) -> int:
     """The looped kernel's ``N_FIXED`` for rows of ``n``: ``n`` where it is compiled for their width, else 0.
 
-    Half-precision rows without a residual up to ``FIXED_WIDTH_MAX``, with
-    one those ``ADD_TUNING.half_long`` takes (both read at plan time, as
-    every tuning constant): see their notes.
+    Rows without a residual: half precision up to ``FIXED_WIDTH_MAX``, and
+    float32 (rows that loop, in ``TUNING.float32_long``'s blocks); with one,
+    the half-precision rows ``ADD_TUNING.half_long`` takes (all read at plan
+    time, as every tuning constant): see their notes.  Without a residual,
+    such rows take Welford's pass 1.
     """
-    if element_size != 2:
-        return 0
     if has_residual:
-        return n if any(rule.applies(n) for rule in ADD_TUNING.half_long) else 0
-    return n if n <= FIXED_WIDTH_MAX else 0
+        return n if element_size == 2 and any(rule.applies(n) for rule in ADD_TUNING.half_long) else 0
+    return n if element_size == 4 or n <= FIXED_WIDTH_MAX else 0
 
 
 def keep_last(n: int, element_size: int, has_residual: bool, blocks: _rows.RowBlocks) -> bool:
     """The looped kernel's ``KEEP`` for rows of ``n`` in ``blocks``: whether pass 2 starts from pass 1's last block.
 
-    Only Welford's pass 1 (half precision, no residual, compiled for the
-    width: :func:`fixed_width`) ends on a block pass 2 can take, where the
+    Only Welford's pass 1 (no residual, compiled for the width:
+    :func:`fixed_width`) ends on a block pass 2 can take, where the
     row is more than one of them; from ``KEEP_MIN_N`` columns, in blocks that
     divide the row (where it was measured faster; read at plan time).
     """
-    welford = not has_residual and fixed_width(n, element_size, has_residual) > 0  # (fixed_width: half only)
+    welford = not has_residual and fixed_width(n, element_size, has_residual) > 0
     return (welford and blocks.wide and blocks.stats_block_n == blocks.block_n < n and n >= KEEP_MIN_N
             and even_blocks(n, blocks.block_n))
 

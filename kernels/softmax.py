@@ -142,9 +142,20 @@ from ._rows import (
 # rows that loop in two blocks): H200, event time after an L2 flush, 16 -> 32 warps, µs
 # (reports/h200/uneven-split-session20.txt): 1024 rows 23.0 -> 22.2, 23.6 -> 22.2, 23.6 -> 22.1 (three runs),
 # 1536 rows 32.1 -> 31.0, 256 rows 8.7 -> 8.5; 64 rows lost (6.2 -> 6.6), 1 and 8 rows tied.
+# float32 rows of 49152 and more that blocks of 16384 pad no more than blocks of 8192 loop in blocks of 16384 in 32
+# warps, prefetching in pass 1 (float32_long), not in float32_wide's 8192 x 16 prefetching in both.  H200, event µs
+# after an L2 flush, three interleaved rounds, those -> these (reports/h200/probe6-, probe8-, probe9-session31.txt):
+# 16384 x 49152 1750.5 -> 1641.4, 16384 x 65536 2464.1 -> 2215.9 (2464.2 -> 2218.5), 16384 x 80000 3140.9 -> 2803.4,
+# 16384 x 98304 4029.7 -> 3608.9, 16384 x 131072 5518.0 -> 5109.3, 4096 x 65536 628.9 -> 568.9, 4096 x 131072 1395.9
+# -> 1300.5, 1024 x 80000 211.3 -> 198.5, 1024 x 65536 166.8 -> 155.0, 256 x 65536 49.9 -> 44.5, 128 x 65536 26.2 ->
+# 25.3.  Rows these blocks pad more lost or tied (16384 x 50000 1819.7 -> 2046.2, 16384 x 57344 2102.5 -> 2110.9), as
+# did narrower rows (16384 x 40000 1356.7 -> 1508.4, 16384 x 32768 1058.1 -> 1130.5, 1024 x 40000 97.4 -> 113.4);
+# prefetching in both passes or 16 warps tied at 49152 and more (16384 x 65536 2245.2, 2217.5), blocks of 32768 lost
+# (3450.7).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
                    uneven_large=(8192, 8), float32_cap_warps=(256, 32),
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
+                   float32_long=(HalfLong(49152, 16384, 32, prefetch=1, pads_as=8192),),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
                    two_blocks=TwoBlocks(2048, 8192, 8, 0),
                    half_long=(HalfLong(16385, 4096, 8, max_n=20480, prefetch=1, lanes=True),

@@ -100,26 +100,30 @@ def _wide_rows(n: int, block: int, gen: torch.Generator) -> dict[str, torch.Tens
 
 
 @pytest.mark.parametrize("ratio", ["shipped", "always exact", "never exact"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32],
+                         ids=["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize(("op", "pass1"), [("layer_norm", "welford"), ("layer_norm", "shifted"),
                                            ("add_layer_norm", "chan")])
 def test_looped_rows_meet_the_policy(op: str, pass1: str, dtype: torch.dtype, ratio: str,
                                      fuseaudit_device: str) -> None:
-    """The looped half-precision pass 1 on rows of 40 blocks, near-constant and far-offset ones among them, meets
-    the policy.  layer_norm's ``welford`` (up to ``FIXED_WIDTH_MAX``): Welford in each lane, the lanes merged as
-    sums about x0 or, x0 far out, by Chan's formula; its ``shifted`` (rows wider than ``FIXED_WIDTH_MAX``, forced
-    here by setting it to 0): lane sums of ``x - k``, ``k`` the first block's mean, or the exact fallback.  Under
-    the interpreter, whose kernels read ``ONE_PASS_RATIO`` at each launch, either branch is forced.
-    add_layer_norm's pass 1 (Chan's merge of blocks) takes the same rows."""
+    """The looped pass 1 on rows of 40 blocks, near-constant and far-offset ones among them, meets the policy.
+    layer_norm's ``welford`` (half precision up to ``FIXED_WIDTH_MAX``, float32): Welford in each lane, the lanes
+    merged as sums about x0 or, x0 far out, by Chan's formula; its ``shifted`` (half-precision rows wider than
+    ``FIXED_WIDTH_MAX``, forced here by setting it to 0): lane sums of ``x - k``, ``k`` the first block's mean, or
+    the exact fallback.  Under the interpreter, whose kernels read ``ONE_PASS_RATIO`` at each launch, either branch
+    is forced.  add_layer_norm's pass 1 (Chan's merge of blocks) takes the same rows."""
     from fuseaudit.kernels import _launch, _rows, layer_norm
 
     if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
         pytest.skip("a compiled kernel keeps the ONE_PASS_RATIO it was compiled with; add_layer_norm has no switch")
+    if pass1 == "shifted" and dtype == torch.float32:
+        pytest.skip("float32 rows that loop take Welford's pass 1 at any width")
     forced = {"shipped": {}, "always exact": {"ONE_PASS_RATIO": -1.0}, "never exact": {"ONE_PASS_RATIO": 1e30}}[ratio]
     if pass1 == "shifted":
         forced["FIXED_WIDTH_MAX"] = 0
-    cap = 256  # bytes: blocks of 64 half-precision elements
-    block, n = cap // 2 // 2, 40 * (cap // 2 // 2)
+    cap = 256  # bytes: blocks of 64 half-precision elements, 32 float32
+    block = cap // dtype.itemsize // 2
+    n = 40 * block
     gen = torch.Generator().manual_seed(40)
     rows = _wide_rows(n, block, gen)
     inputs = _inputs(op, rows, gen, fuseaudit_device, dtype)

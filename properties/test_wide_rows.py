@@ -88,8 +88,9 @@ def test_wide_layer_norm_statistics(op, regime, fuseaudit_device):
     variance is a 1e-7 sliver of the mean square), magnitudes up to 2048,
     and outlier channels, over rows of 1000 in blocks of 64 (the cap
     lowered to 256 bytes): float32 outputs show any lost digit.  Plain
-    layer_norm's half-precision rows take both of its pass-1 methods:
-    Welford's lanes (up to ``FIXED_WIDTH_MAX``) and shifted sums (past it).
+    layer_norm's half-precision rows take both of its other pass-1 methods:
+    Welford's lanes (up to ``FIXED_WIDTH_MAX``) and shifted sums (past it);
+    its float32 rows take Welford's lanes.
     """
     from fuseaudit.kernels import _launch, _rows, layer_norm
 
@@ -461,8 +462,9 @@ def test_one_leading_dim_folds_to_the_front():
 def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     """float32 rows whose block reaches ``float32_whole_from`` are held whole in 32 warps, up to 32768.
 
-    Past that, and for softmax and add_layer_norm (whose looped kernels prefetch), they loop (the layer_norms and
-    softmax in their ``float32_wide`` blocks), whatever ``fused_scale`` says for half precision.  Padded,
+    Past that, and for softmax and add_layer_norm (whose looped kernels prefetch), they loop (add_layer_norm and
+    softmax in their ``float32_wide`` blocks, layer_norm in its ``float32_long`` ones: test_float32_long_rows),
+    whatever ``fused_scale`` says for half precision.  Padded,
     strided rows of 20000 (block 32768) and 40000 go through whichever path the rules pick, against float64.
     (Three such rows would be split over programs, ``test_coop_rows.py``; ``_coop.ENABLED = False``, as
     ``FUSEAUDIT_COOP=0`` sets it, keeps them here.)
@@ -479,7 +481,7 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     assert whole.wide == loops, "the other norms hold float32 rows of 20000 whole"
     if not whole.wide:
         assert (whole.block_n, whole.num_warps) == (32768, _rows.WIDE_WHOLE_ROW_WARPS)
-    else:  # float32 rows of two blocks or more loop in float32_wide blocks
+    else:  # float32 rows of two blocks or more (and narrower than float32_long's) loop in float32_wide blocks
         assert (whole.block_n, whole.num_warps) == tuning.float32_wide == (8192, 16)
         fill = _rows.row_block_config(16384, 16384, 4, tuning)
         assert fill.wide and fill.block_n == 8192, "a row filling a block twice the cap loops too"
@@ -493,9 +495,11 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
         assert _rows.row_block_config(16384, 16384, 4, tuning._replace(float32_whole_from=0)).wide
     looped = _rows.row_block_config(16384, 40000, 4, tuning)
     assert looped.wide, "past FLOAT32_WHOLE_MAX the rows loop"
-    if tuning.float32_wide:  # layer_norms and softmax: in their float32 blocks
+    if op == "layer_norm":  # in float32_long's blocks (test_float32_long_rows)
+        assert (looped.block_n, looped.num_warps, looped.prefetch) == (16384, 32, 1)
+    elif tuning.float32_wide:  # add_layer_norm and softmax: in their float32 blocks
         assert (looped.block_n, looped.num_warps) == tuning.float32_wide
-    without = tuning._replace(float32_whole_from=0, float32_wide=None)
+    without = tuning._replace(float32_whole_from=0, float32_wide=None, float32_long=())
     assert _rows.row_block_config(16384, 20000, 2, tuning) == _rows.row_block_config(16384, 20000, 2, without), \
         "half precision keeps its own rules"
     for n in (20000, 40000):
@@ -605,9 +609,9 @@ def test_long_half_rows(op, fuseaudit_device):
     _through_lowered_rule(op, lowered, tuple(cases), fuseaudit_device)
 
 
-def _through_lowered_rule(op: str, lowered, cases, device: str) -> None:
-    """Strided bfloat16 rows ``(rows, n)`` through ``op``'s tuning replaced by ``lowered`` with a 256-byte cap
-    (default looped blocks of 64), each in blocks of ``expected`` columns, against float64."""
+def _through_lowered_rule(op: str, lowered, cases, device: str, *, dtype: str = "bfloat16") -> None:
+    """Strided ``dtype`` rows ``(rows, n)`` through ``op``'s tuning replaced by ``lowered`` with a 256-byte cap
+    (default looped blocks of 64 half-precision elements), each in blocks of ``expected`` columns, against float64."""
     import importlib
 
     from fuseaudit.kernels import _coop, _launch, _rows
@@ -620,8 +624,8 @@ def _through_lowered_rule(op: str, lowered, cases, device: str) -> None:
     with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(module, **{attr: lowered}), \
             _launch.retuned(_coop, ENABLED=False):
         for rows, n, expected in cases:
-            assert _rows.row_block_config(rows, n, 2, lowered).block_n == expected
-            case = Case(op=op, dtype="bfloat16", dims={"lead": (rows,), "N": n}, regime="normal",
+            assert _rows.row_block_config(rows, n, getattr(torch, dtype).itemsize, lowered).block_n == expected
+            case = Case(op=op, dtype=dtype, dims={"lead": (rows,), "N": n}, regime="normal",
                         layouts={name: "transposed" for name in spec.input_names}, params=spec.defaults(), seed=7)
             run_case(spec, spec.load_reference(), case, device=device, target=spec.reference).raise_for_failures()
 
@@ -702,7 +706,8 @@ def test_narrow_rows_loop(op, fuseaudit_device):
     with _launch.retuned(_coop, ENABLED=False):  # (a few wide rows would take the cooperative kernel)
         assert fixed(256, 14336) == 14336 and fixed(8, 49151) == 49151 and fixed(16384, 65536) == 65536
         assert fixed(8, 98304) == 98304
-        assert fixed(8, 98305) == fixed(16384, 131072) == fixed(8, 40000, torch.float32) == 0
+        assert fixed(8, 98305) == fixed(16384, 131072) == 0
+        assert fixed(8, 40000, torch.float32) == 40000 and fixed(16384, 131072, torch.float32) == 131072
         assert fixed(8, 40000, residual=True) == fixed(8, 65536, torch.float32, residual=True) == 0
         # the residual variant's rows in ADD_TUNING.half_long's blocks (65536 and more)
         assert fixed(8, 65536, residual=True) == 65536 and fixed(8, 131072, torch.float16, residual=True) == 131072
@@ -710,6 +715,45 @@ def test_narrow_rows_loop(op, fuseaudit_device):
                                            _rows.NarrowLooped(40, 64, 1, (8,), 2)))
     _through_lowered_rule(op, lowered, ((3, 96, 32), (3, 80, 16), (3, 100, 128), (3, 64, 8), (3, 40, 8),
                                         (3, 36, 64)), fuseaudit_device)
+
+
+def test_float32_long_rows(fuseaudit_device):
+    """float32 rows that loop take a tuning's ``float32_long`` blocks, as measured on the H200 (see the tunings):
+    layer_norm's (past ``FLOAT32_WHOLE_MAX``) blocks of 16384 in 32 warps, prefetching in pass 1, compiled for the
+    row's width with Welford's pass 1, and ``KEEP`` where the blocks divide the row; softmax's alike from 49152
+    columns where they pad the row no more than blocks of 8192 (other rows: ``float32_wide``'s 8192 in 16 warps);
+    add_layer_norm keeps ``float32_wide``'s blocks and
+    Chan's pass 1.  With the rules lowered (rows of 65 columns and more in blocks of 16, a 256-byte cap), strided
+    float32 rows of 96 (blocks that divide it: layer_norm keeps its last block) and 100 go through them against
+    float64."""
+    from fuseaudit.kernels import _coop, _launch, _rows, layer_norm, softmax
+
+    def looped(n, tuning):
+        blocks = _rows.row_block_config(16384, n, 4, tuning)
+        assert blocks.wide, n
+        return blocks.block_n, blocks.num_warps, blocks.prefetch
+
+    for n in (33000, 40000, 49152, 50000, 57344, 65536, 80000, 131072):
+        assert looped(n, layer_norm.TUNING) == (16384, 32, 1), n
+        assert looped(n, layer_norm.ADD_TUNING) == (8192, 16, 2), n
+        padded_more = n in (50000, 57344)  # (65536 columns in blocks of 16384, 57344 in blocks of 8192)
+        assert looped(n, softmax.TUNING) == ((16384, 32, 1) if n >= 49152 and not padded_more else (8192, 16, 2)), n
+    assert not _rows.row_block_config(16384, 32768, 4, layer_norm.TUNING).wide, "held whole up to 32768"
+    with _launch.retuned(_coop, ENABLED=False):  # (a few wide rows would take the cooperative kernel)
+        for op, n, fixed, keep in (("layer_norm", 65536, 65536, True), ("layer_norm", 131072, 131072, True),
+                                   ("layer_norm", 40000, 40000, False), ("add_layer_norm", 65536, 0, False)):
+            plan = _plan_for(op, 8, n, torch.float32, fuseaudit_device)
+            assert (plan.meta["N_FIXED"], plan.meta["KEEP"]) == (fixed, keep), (op, n)
+    lowered = (_rows.HalfLong(65, 16, 4, prefetch=1),)
+    with _launch.retuned(layer_norm, KEEP_MIN_N=0):
+        for op, module in (("layer_norm", layer_norm), ("softmax", softmax)):
+            _through_lowered_rule(op, module.TUNING._replace(float32_long=lowered), ((3, 96, 16), (3, 100, 16)),
+                                  fuseaudit_device, dtype="float32")
+            if op == "layer_norm":
+                with _launch.retuned(_rows, MAX_FUSED_BYTES=256), _launch.retuned(_coop, ENABLED=False), \
+                        _launch.retuned(layer_norm, TUNING=layer_norm.TUNING._replace(float32_long=lowered)):
+                    plan = _plan_for(op, 3, 96, torch.float32, fuseaudit_device)
+                    assert (plan.meta["BLOCK_N"], plan.meta["N_FIXED"], plan.meta["KEEP"]) == (16, 96, True)
 
 
 def test_layer_norm_keeps_last_block(fuseaudit_device):
