@@ -138,7 +138,8 @@ from ._rows import (
 # Two reductions per row (one for most half-precision rows and in the looped kernel):
 # at most 8 warps (H200, bf16, 16384 rows: N=14336 in 265 µs with 8 warps, 434 with 16).
 # float32 rows of 16384 and 32768 are held whole (see RowTuning.float32_whole_from);
-# wider ones loop in blocks of 8192 in 16 warps (RowTuning.float32_wide).  H200,
+# wider ones loop (float32_long, below; add_layer_norm's in blocks of 8192 in 16 warps,
+# RowTuning.float32_wide, as plain layer_norm's did before).  H200,
 # float32, event time after an L2 flush (reports/h200/norms-fp32-wide-session9.txt),
 # (4096, 8) -> (8192, 16) at N = 65536: 16384 rows layer_norm 3026 -> 3036 µs,
 # add_layer_norm 5588 -> 5494; 8 rows 34.0 -> 24.4 and 42.8 -> 30.0.

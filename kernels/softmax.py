@@ -82,8 +82,8 @@ from ._rows import (
 # Two reductions and an exp per element: more threads per row than the norms
 # (H200, bf16, 16384 rows: N=14336 in 304 µs with 32 warps, 329 with 16, 433 with 8).
 # Split tails in half precision only: float32 N=5120 took 208 µs split, 198 padded.
-# Wide float32 rows loop in blocks of 8192 in 16 warps (see RowTuning.float32_wide),
-# prefetching in both passes (RowBlocks.prefetch; H200, 16384 rows, 0 -> 1 -> 2
+# Wide float32 rows loop in blocks of 8192 in 16 warps (see RowTuning.float32_wide; rows of 49152 and more:
+# float32_long, below), prefetching in both passes (RowBlocks.prefetch; H200, 16384 rows, 0 -> 1 -> 2
 # passes: N = 11008 379.4 -> 351.2 -> 353.0 µs, 16384 511.0 -> 540.1 -> 521.0,
 # 32768 1201.7 -> 1085.6 -> 1071.1, 65536 2737.7 -> 2595.9 -> 2562.1); half-precision
 # rows do not (bf16 11008 206.3 -> 207.1 -> 210.9, 65536 1313.8 -> 1317.7 -> 1313.4).
