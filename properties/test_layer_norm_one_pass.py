@@ -108,10 +108,11 @@ def test_looped_rows_meet_the_policy(op: str, pass1: str, dtype: torch.dtype, ra
                                      fuseaudit_device: str) -> None:
     """The looped pass 1 on rows of 40 blocks, near-constant and far-offset ones among them, meets the policy.
     layer_norm's ``welford`` (half precision up to ``FIXED_WIDTH_MAX``, float32): Welford in each lane, the lanes
-    merged as sums about x0 or, x0 far out, by Chan's formula; its ``shifted`` (half-precision rows wider than
-    ``FIXED_WIDTH_MAX``, forced here by setting it to 0): lane sums of ``x - k``, ``k`` the first block's mean, or
-    the exact fallback.  Under the interpreter, whose kernels read ``ONE_PASS_RATIO`` at each launch, either branch
-    is forced.  add_layer_norm's pass 1 (Chan's merge of blocks) takes the same rows."""
+    merged as sums about x0 or, x0 far out, by Chan's formula (float32: the row's mean, then M2 about it, whatever
+    the ratio); its ``shifted`` (half-precision rows wider than ``FIXED_WIDTH_MAX``, forced here by setting it to
+    0): lane sums of ``x - k``, ``k`` the first block's mean, or the exact fallback.  Under the interpreter, whose
+    kernels read ``ONE_PASS_RATIO`` at each launch, either branch is forced.  add_layer_norm's pass 1 (Chan's merge
+    of blocks) takes the same rows."""
     from fuseaudit.kernels import _launch, _rows, layer_norm
 
     if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
