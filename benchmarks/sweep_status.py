@@ -13,10 +13,10 @@ it (the first: ``benchmarks/update_results.py`` puts the newest first).
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
+from fuseaudit.jsonio import read_json
 from fuseaudit.sweep import ROW_HIDDEN, ROW_ROWS, ROW_SUBSET_HIDDEN, ROW_SUBSET_ROWS
 
 OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
@@ -50,8 +50,7 @@ def summary(name: str, keys: list[Key], points: dict[Key, dict[str, Any]], *, wo
 
 def main(argv: list[str]) -> int:
     path = argv[0] if argv else "reports/h200/results-cuda.json"
-    with open(path) as f:
-        points = reference_points(json.load(f))
+    points = reference_points(read_json(path, SystemExit))
     sweep = [(op, "bfloat16", r, n) for op in OPS for r in ROW_ROWS for n in ROW_HIDDEN]
     sweep += [(op, dt, r, n) for op in OPS for dt in ("float16", "float32") for r in ROW_SUBSET_ROWS
               for n in ROW_SUBSET_HIDDEN]

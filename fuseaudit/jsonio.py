@@ -6,10 +6,17 @@ non-finite floats into the strings ``"inf"``, ``"-inf"`` and ``"nan"`` (read
 back with :func:`fuseaudit.results.number`), and :func:`write_json` writes
 atomically, so a run killed mid-write keeps the previous version of the file.
 :func:`read_json` reads one back, or raises the caller's error with one line.
+
+A path ending in ``.gz`` is gzip-compressed JSON, written and read alike:
+the committed H200 archive (``reports/h200/``) keeps earlier sessions'
+pytest-benchmark files that way, since the working tree the device tool
+sends must stay under 64 MiB and those files shrink about eightfold
+(``gunzip -k`` gives pytest-benchmark's own tools the plain file).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -36,19 +43,28 @@ def write_json(path: str | os.PathLike[str], doc: Any, *, indent: int = 2,
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(convert(doc), indent=indent, allow_nan=False) + "\n", encoding="utf-8")
+    data = (json.dumps(convert(doc), indent=indent, allow_nan=False) + "\n").encode("utf-8")
+    if is_gzip(out):
+        data = gzip.compress(data, mtime=0)  # mtime 0: the same document gives the same bytes
+    tmp.write_bytes(data)
     tmp.replace(out)
     return out
+
+
+def is_gzip(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` names gzip-compressed JSON (its name ends in ``.gz``)."""
+    return pathlib.Path(path).suffix == ".gz"
 
 
 def read_json(path: str | os.PathLike[str], error: type[Exception]) -> Any:
     """The JSON value in ``path``; ``error`` with one line (missing, unreadable, not JSON) otherwise."""
     p = pathlib.Path(path)
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        data = p.read_bytes()
+        return json.loads((gzip.decompress(data) if is_gzip(p) else data).decode("utf-8"))
     except FileNotFoundError:
         raise error(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # gzip.BadGzipFile is an OSError
         raise error(f"{p}: cannot read: {exc}") from None
     except json.JSONDecodeError as exc:
         raise error(f"{p}: not JSON ({exc.msg} at line {exc.lineno})") from None

@@ -434,6 +434,24 @@ def test_compare_unreadable_input_exits_2(tmp_path, capsys):
     assert exc.value.code == 2
 
 
+def test_gzipped_json_reads_and_compares_as_the_plain_file(tmp_path, capsys):
+    """``NAME.json.gz`` (how reports/h200 keeps old sessions' files) is the same document, byte for byte."""
+    import gzip
+
+    plain = _write(tmp_path / "base.json", [_entry("reference", 10.0)])
+    packed = benchjson.write(tmp_path / "base.json.gz", benchjson.load(plain))
+    assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+    assert benchjson.load(packed) == benchjson.load(plain)
+    slower = _write(tmp_path / "new.json.gz", [_entry("reference", 12.0)])
+    assert cli_main(["compare", str(packed), str(plain)]) == 0
+    assert cli_main(["compare", str(packed), str(slower)]) == 1
+    (tmp_path / "torn.json.gz").write_bytes(packed.read_bytes()[:-9])  # cut short, as by a killed copy
+    capsys.readouterr()
+    assert cli_main(["compare", str(packed), str(tmp_path / "torn.json.gz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torn.json.gz" in err, err
+
+
 def test_compare_reads_pytest_benchmark_own_output(tmp_path):
     """A file written by ``pytest --benchmark-json`` (no fuseaudit fields) compares too."""
     entry = _entry("reference", 10.0)
