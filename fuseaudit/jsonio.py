@@ -56,7 +56,7 @@ def is_gzip(path: str | os.PathLike[str]) -> bool:
     return pathlib.Path(path).suffix == ".gz"
 
 
-def read_json(path: str | os.PathLike[str], error: type[Exception]) -> Any:
+def read_json(path: str | os.PathLike[str], error: type[BaseException]) -> Any:
     """The JSON value in ``path``; ``error`` with one line (missing, unreadable, not JSON) otherwise."""
     p = pathlib.Path(path)
     try:
