@@ -657,6 +657,11 @@ class RowTuning(NamedTuple):
     # looped kernel prefetched (RowBlocks.prefetch) add_layer_norm looped
     # faster (see its ADD_TUNING).
     float32_whole_from: int = 0
+    # False: only float32 rows exactly as wide as their block are held whole
+    # by float32_whole_from; rows that the block pads loop.
+    float32_whole_padded: bool = True
+    # float32_whole_from holds rows whole from this many rows on; fewer loop.
+    float32_whole_min_rows: int = 0
     # (BLOCK_N, warps) of the looped kernel for float32 rows at least two
     # such blocks wide; None: half the cap in wide_warps warps, as for half
     # precision.  H200, softmax, float32, 16384 rows, do_bench
@@ -787,7 +792,8 @@ def _row_block_config(rows: int, n: int, element_size: int, tuning: RowTuning, m
     block_n = next_pow2(n)
     wide = block_n > cap * tuning.fused_scale
     if element_size == 4 and block_n > cap:  # float32 past the cap: float32_whole_from alone decides
-        wide = not 0 < tuning.float32_whole_from <= block_n <= FLOAT32_WHOLE_MAX
+        wide = not (0 < tuning.float32_whole_from <= block_n <= FLOAT32_WHOLE_MAX
+                    and (tuning.float32_whole_padded or n == block_n) and rows >= tuning.float32_whole_min_rows)
     prefetch = tuning.float32_wide_prefetch if element_size == 4 else tuning.wide_prefetch
     two = tuning.float32_two_blocks if element_size == 4 else tuning.two_blocks
     if two is not None and rows >= two.min_rows and n == 2 * two.block:

@@ -152,8 +152,18 @@ from ._rows import (
 # did narrower rows (16384 x 40000 1356.7 -> 1508.4, 16384 x 32768 1058.1 -> 1130.5, 1024 x 40000 97.4 -> 113.4);
 # prefetching in both passes or 16 warps tied at 49152 and more (16384 x 65536 2245.2, 2217.5), blocks of 32768 lost
 # (3450.7).
+# float32 rows of exactly 16384 and 32768 are held whole in 32 warps (float32_whole_from, float32_whole_padded), not
+# looped in float32_wide's blocks: that lost while softmax_kernel masked its one row a program (1372 -> 1592 µs at
+# 16384 x 32768, row-fp32-whole-session8.txt; 64 registers a thread), and won once it did not (47 registers).  H200,
+# event µs after an L2 flush, three interleaved rounds, looped -> whole without the row mask
+# (reports/h200/softmax-whole-variants-session32.txt): 16384 x 32768 1055.4 -> 1016.6 (torch.compile 1034.8), 1024 x
+# 32768 76.7 -> 73.7, 16384 x 16384 539.4 -> 516.2 (500.5), 1024 x 16384 42.4 -> 37.9 (38.6).  Padded rows in those
+# blocks lost (16384 x 24000 764.6 -> 817.8, softmax-f32-whole-session32.txt), so they keep looping, and so did fewer
+# rows (256 x 32768 23.6 looped, softmax-f32-whole-session32.txt; 27.3 whole, bench-softmax-f32-whole-session32.txt),
+# which loop below 1024 rows.
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
-                   uneven_large=(8192, 8), float32_cap_warps=(256, 32),
+                   uneven_large=(8192, 8), float32_cap_warps=(256, 32), float32_whole_from=16384,
+                   float32_whole_padded=False, float32_whole_min_rows=1024,
                    split_tail=TailSplit(max_tail=0.25, float32_max_tail=0, min_n=4096), float32_wide=(8192, 16),
                    float32_long=(HalfLong(49152, 16384, 32, prefetch=1, pads_as=8192),),
                    float32_wide_prefetch=2, float32_two_blocks=TwoBlocks(2048, 4096, 8, 1),
@@ -276,7 +286,14 @@ def softmax_kernel(
     # tail block of BLOCK_T (see _rows.RowBlocks), which follows every step.
     N = aligned_width(N, ALIGN)  # the same N; the compiler now knows ALIGN divides it
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < n_rows
+    if BLOCK_M > 1:
+        row_mask = rows < n_rows
+    else:
+        # One row a program: the grid is the rows, so the row exists.  Said as a
+        # constant, the masks are the columns' alone: float32 rows of 32768 in 32
+        # warps then take 47 registers a thread rather than the 64 that 32 warps
+        # allow, which measured 1.47x slower (see TUNING.float32_whole_from).
+        row_mask = tl.full([BLOCK_M], 1, tl.int1)
     x_rows = row_offsets(rows, D1, D2, sx0, sx1, sx2, ALIGN)
     out_rows = out_row_offsets(rows, N, ALIGN)[:, None]
 

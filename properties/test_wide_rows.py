@@ -462,10 +462,12 @@ def test_one_leading_dim_folds_to_the_front():
 def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     """float32 rows whose block reaches ``float32_whole_from`` are held whole in 32 warps, up to 32768.
 
-    Past that, and for softmax and add_layer_norm (whose looped kernels prefetch), they loop (add_layer_norm and
-    softmax in their ``float32_wide`` blocks, layer_norm in its ``float32_long`` ones: test_float32_long_rows),
-    whatever ``fused_scale`` says for half precision.  Padded,
-    strided rows of 20000 (block 32768) and 40000 go through whichever path the rules pick, against float64.
+    Past that, and for add_layer_norm (whose looped kernel prefetches), they loop (add_layer_norm and softmax in
+    their ``float32_wide`` blocks, layer_norm in its ``float32_long`` ones: test_float32_long_rows), whatever
+    ``fused_scale`` says for half precision.  softmax holds whole only rows exactly as wide as their block
+    (``float32_whole_padded=False``), 16384 and 32768 but not 20000, from 1024 rows
+    (``float32_whole_min_rows``).  Padded, strided rows of 20000 (block 32768),
+    32768 and 40000 go through whichever path the rules pick, against float64.
     (Three such rows would be split over programs, ``test_coop_rows.py``; ``_coop.ENABLED = False``, as
     ``FUSEAUDIT_COOP=0`` sets it, keeps them here.)
     """
@@ -484,7 +486,15 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     else:  # float32 rows of two blocks or more (and narrower than float32_long's) loop in float32_wide blocks
         assert (whole.block_n, whole.num_warps) == tuning.float32_wide == (8192, 16)
         fill = _rows.row_block_config(16384, 16384, 4, tuning)
-        assert fill.wide and fill.block_n == 8192, "a row filling a block twice the cap loops too"
+        if op == "softmax":  # rows that fill their block are held whole
+            for n in (16384, 32768):
+                exact = _rows.row_block_config(16384, n, 4, tuning)
+                assert (exact.wide, exact.block_n, exact.num_warps) == (False, n, _rows.WIDE_WHOLE_ROW_WARPS)
+            assert _rows.row_block_config(16384, 20000, 4, tuning._replace(float32_whole_padded=True)).block_n == 32768
+            assert _rows.row_block_config(1023, 32768, 4, tuning).wide, "fewer rows than float32_whole_min_rows loop"
+            assert not _rows.row_block_config(1024, 32768, 4, tuning).wide
+        else:
+            assert fill.wide and fill.block_n == 8192, "a row filling a block twice the cap loops too"
     if op == "softmax":  # narrower ones in half the cap
         narrow = _rows.row_block_config(16384, 11008, 4, tuning)
         assert (narrow.block_n, narrow.num_warps) == (_rows.MAX_FUSED_BYTES // 4 // 2, tuning.wide_warps)
@@ -502,10 +512,18 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
     without = tuning._replace(float32_whole_from=0, float32_wide=None, float32_long=())
     assert _rows.row_block_config(16384, 20000, 2, tuning) == _rows.row_block_config(16384, 20000, 2, without), \
         "half precision keeps its own rules"
-    for n in (20000, 40000):
+    for n in (20000, 32768, 40000):
         case = Case(op=op, dtype="float32", dims={"lead": (3,), "N": n}, regime="normal",
                     layouts={name: "padded" for name in spec.input_names}, params=spec.defaults(), seed=3)
         with _launch.retuned(_coop, ENABLED=False):  # what FUSEAUDIT_COOP=0 sets
+            run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
+                     target=spec.reference).raise_for_failures()
+    if op == "softmax":  # three rows of 32768 held whole too: float32_whole_min_rows lowered
+        case = Case(op=op, dtype="float32", dims={"lead": (3,), "N": 32768}, regime="shifted",
+                    layouts={"x": "padded"}, params={"scale": 0.5}, seed=4)
+        with _launch.retuned(_coop, ENABLED=False), \
+                _launch.retuned(softmax, TUNING=tuning._replace(float32_whole_min_rows=0)):
+            assert not _rows.row_block_config(3, 32768, 4, softmax.TUNING).wide
             run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                      target=spec.reference).raise_for_failures()
 
