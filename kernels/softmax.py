@@ -152,15 +152,17 @@ from ._rows import (
 # did narrower rows (16384 x 40000 1356.7 -> 1508.4, 16384 x 32768 1058.1 -> 1130.5, 1024 x 40000 97.4 -> 113.4);
 # prefetching in both passes or 16 warps tied at 49152 and more (16384 x 65536 2245.2, 2217.5), blocks of 32768 lost
 # (3450.7).
-# float32 rows of exactly 16384 and 32768 are held whole in 32 warps (float32_whole_from, float32_whole_padded), not
-# looped in float32_wide's blocks: that lost while softmax_kernel masked its one row a program (1372 -> 1592 µs at
-# 16384 x 32768, row-fp32-whole-session8.txt; 64 registers a thread), and won once it did not (47 registers).  H200,
-# event µs after an L2 flush, three interleaved rounds, looped -> whole without the row mask
-# (reports/h200/softmax-whole-variants-session32.txt): 16384 x 32768 1055.4 -> 1016.6 (torch.compile 1034.8), 1024 x
-# 32768 76.7 -> 73.7, 16384 x 16384 539.4 -> 516.2 (500.5), 1024 x 16384 42.4 -> 37.9 (38.6).  Padded rows in those
-# blocks lost (16384 x 24000 764.6 -> 817.8, softmax-f32-whole-session32.txt), so they keep looping, and so did fewer
-# rows (256 x 32768 23.6 looped, softmax-f32-whole-session32.txt; 27.3 whole, bench-softmax-f32-whole-session32.txt),
-# which loop below 1024 rows.
+# float32 rows of exactly 16384 and 32768 are held whole in 32 warps from 1024 rows (float32_whole_from,
+# float32_whole_padded, float32_whole_min_rows), not looped in float32_wide's blocks.  Whole rows lost while
+# softmax_kernel masked its one row a program (1372 -> 1592 µs at 16384 x 32768, row-fp32-whole-session8.txt; 64
+# registers a thread with the mask) and won once it did not (47 registers).  H200, event µs after an L2 flush, three
+# interleaved rounds, looped -> whole without the row mask (reports/h200/softmax-whole-variants-session32.txt):
+# 16384 x 32768 1055.4 -> 1016.6 (torch.compile 1034.8), 1024 x 32768 76.7 -> 73.7, 16384 x 16384 539.4 -> 516.2
+# (500.5), 1024 x 16384 42.4 -> 37.9 (38.6); fuseaudit bench of the final rule (bench-softmax-f32-final-session32.txt):
+# 16384 x 32768 1033.0 (1.01x torch.compile), 4096 x 32768 265.2 (1.03x).  Padded rows in those blocks lost (16384 x
+# 24000 764.6 -> 817.8, softmax-f32-whole-session32.txt), so they keep looping, and so did fewer rows (256 x 32768
+# 23.6 looped there, 27.3 whole in bench-softmax-f32-whole-session32.txt; 512 x 32768 41.9 -> 44.0,
+# row-configs-softmax-f32-session32.txt, where rows of 16384 won from 256 rows: a lead for a minimum by width).
 TUNING = RowTuning(elements_per_thread=16, max_warps=32, wide_warps=8, uneven_block=4096, uneven_warps=4,
                    uneven_large=(8192, 8), float32_cap_warps=(256, 32), float32_whole_from=16384,
                    float32_whole_padded=False, float32_whole_min_rows=1024,

@@ -485,7 +485,6 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
         assert (whole.block_n, whole.num_warps) == (32768, _rows.WIDE_WHOLE_ROW_WARPS)
     else:  # float32 rows of two blocks or more (and narrower than float32_long's) loop in float32_wide blocks
         assert (whole.block_n, whole.num_warps) == tuning.float32_wide == (8192, 16)
-        fill = _rows.row_block_config(16384, 16384, 4, tuning)
         if op == "softmax":  # rows that fill their block are held whole
             for n in (16384, 32768):
                 exact = _rows.row_block_config(16384, n, 4, tuning)
@@ -494,6 +493,7 @@ def test_float32_rows_whole_past_the_cap(op, fuseaudit_device):
             assert _rows.row_block_config(1023, 32768, 4, tuning).wide, "fewer rows than float32_whole_min_rows loop"
             assert not _rows.row_block_config(1024, 32768, 4, tuning).wide
         else:
+            fill = _rows.row_block_config(16384, 16384, 4, tuning)
             assert fill.wide and fill.block_n == 8192, "a row filling a block twice the cap loops too"
     if op == "softmax":  # narrower ones in half the cap
         narrow = _rows.row_block_config(16384, 11008, 4, tuning)
