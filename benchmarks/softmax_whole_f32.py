@@ -1,13 +1,14 @@
-"""Float32 softmax rows of 16384-32768 held whole: a minimal kernel against the library's (GPU; a lead, not a rule).
+"""Float32 softmax rows of 16384-32768 held whole: a minimal kernel against the library's (GPU probe).
 
     python benchmarks/softmax_whole_f32.py
 
-The library loops float32 softmax rows past 8192 (``RowTuning.float32_wide``,
-8192 x 16 warps) and is 0.98x torch.compile at 16384 x 32768.  Its own
-whole-row kernel (``softmax_kernel`` with ``BLOCK_N = N``, 32 warps) is far
-slower there (64 registers a thread, the most 32 warps may have), yet a
-minimal whole-row kernel with the same precise exp (:func:`softmax._exp`)
-and ``div_rn`` runs at 99% of a copy.  ``MODE`` picks the variant: 1, the
+The probe behind softmax's float32 whole-row rule (``TUNING.float32_whole_from``,
+thirty-second session).  The library then looped these rows in 8192 x 16
+warps (0.98x torch.compile at 16384 x 32768), and its whole-row kernel
+(``softmax_kernel`` with ``BLOCK_N = N``, 32 warps) was far slower (64
+registers a thread, the most 32 warps may have: its row mask, since
+dropped at one row a program), while a minimal whole-row kernel with the
+same precise exp (:func:`softmax._exp`) and ``div_rn`` ran at 99% of a copy.  ``MODE`` picks the variant: 1, the
 library's exp; 3, that with int64 column offsets as ``_load_logits`` has
 them; 4, that with its scale-then-mask.  Each is checked against float64 (its
 max error relative to the row's max printed) and timed with the library,
