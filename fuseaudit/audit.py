@@ -9,54 +9,59 @@ when the audit cannot run.  Command line::
                     [--dtypes D ...] [--contiguous-only] [--head-dims D ...]
                     [--profile ci|dev|gpu] [--shrink-time SECONDS] [--in-process]
 
-Properties (one verdict line each, PASS / FAIL / SKIP): ``runs``, ``contract``,
-``inputs_unchanged`` and ``numerics`` through :func:`fuseaudit.check.run_case` on
-Hypothesis-drawn cases, each failing property shrunk to its own minimal case;
-``launches`` (kernels one call launches, on one fixed case, against ``--launches``
-or the catalog's count); ``determinism`` (two calls on the same inputs give the
-same bits, on three fixed cases).  Every failure prints its message, the smallest
-failing case and one command that replays exactly that case (``--case``, which
-runs the four checks, the launch count and the determinism check on that case
-and prints the comparison figures).
+Process model: this process is the **judge** (:mod:`fuseaudit.judge`): it
+draws the cases, makes and keeps the inputs, computes eager and the float64
+oracle and every comparison, and writes the verdict; it never imports the
+target.  The target runs in a **worker** forked for the audit from a zygote
+that has torch and Triton imported (:mod:`fuseaudit.sandbox`), which only loads
+it, calls it on the judge's buffers and hands the outputs back as data
+(:mod:`fuseaudit.remote`).  A call that raises, hangs (``--timeout`` seconds,
+on the judge's clock), crashes the worker or breaks its protocol is a
+``runs`` failure naming the case; the next call gets a fresh worker.  Before
+the result is printed or written, the worker and everything it started are
+gone.  ``--in-process`` calls the target in this process instead (for a
+debugger; no protection).
 
-Declared support (``--dtypes``, ``--contiguous-only``, ``--head-dims``) restricts
-the drawn cases; whatever is drawn must run, or ``runs`` fails.
+Properties (one verdict line each): ``runs``, ``contract``, ``inputs_unchanged``
+and ``numerics`` on Hypothesis-drawn cases, each failing property shrunk to its
+own minimal case; ``launches`` and ``determinism`` on cases of the search; the
+state checks (buffers reused with new values, outputs unchanged by later calls)
+count towards ``numerics`` and ``contract``.  Every failure prints its message,
+the smallest failing case and one command that replays exactly that case
+(``--case``).
 
-Isolation: the target runs in a child process (:mod:`fuseaudit.supervise`); an
-exception, a hang (no progress for ``--timeout`` seconds), a crash or an illegal
-CUDA access is a ``runs`` failure naming the case that was running, and a fresh
-child runs the remaining phases.  ``--in-process`` runs the target in this
-process instead (for a debugger; no protection).
-
-Exit codes: 0 every property holds (SKIP is not a failure); 1 the target failed a
-property; 2 the audit could not run -- unknown op, a target that does not load
-or whose signature does not fit the op, a built-in target not available on this
-device, bad option values, a ``--case`` of another op -- with one line on stderr.
+Exit codes: 0 every property holds; 1 the target failed a property; 2 the
+audit could not run -- unknown op, a target that does not load or whose
+signature does not fit the op, a built-in target not available on this
+device, bad option values, a ``--case`` of another op -- with one line on
+stderr; 3 INCONCLUSIVE: a property was checked on fewer cases than asked
+(the target declared them unsupported, or the count could not be trusted).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import random
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from ._audit_worker import AuditJob
 from .audit_result import AuditResult, assemble
 from .case import DTYPES, LAYOUTS, Case
 from .catalog import OpSpec, get_op
 from .jsonio import write_json
+from .judge import AuditJob, Judge, environment
 from .strategies import SIZE_PROFILES
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 DEFAULT_EXAMPLES = 50
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_SHRINK_S = 120.0
-SETUP_TIMEOUT_S = 180.0  # importing torch, Triton and the target in a fresh process
+SETUP_TIMEOUT_S = 180.0  # loading the target in a fresh worker (imports, a first compile)
 
 
 class AuditUsageError(Exception):
@@ -86,21 +91,27 @@ def audit(
     """Audit ``target`` (``module:function``, ``file.py:function`` or ``builtin:NAME``) as op ``op``.
 
     ``examples`` Hypothesis examples (shrinking comes on top), derandomized
-    with ``seed``; ``launches`` the expected kernels per call (default: the
-    catalog's); ``case`` replays one case (a :class:`Case` or its JSON);
-    ``timeout`` seconds without progress before a call counts as hung;
+    with ``seed`` (a random one, recorded in the result, when None, so every
+    search can be replayed); ``launches`` the expected kernels per call
+    (default: the catalog's); ``case`` replays one case (a :class:`Case` or
+    its JSON); ``timeout`` seconds a call may take before it counts as hung;
     ``profile`` the size bounds (default ``gpu`` on CUDA, ``ci`` on the CPU);
     ``shrink_time`` seconds of shrinking after the first failure, after which
-    the smallest failing case found so far is reported;
-    ``isolate=False`` runs the target in this process; ``progress`` shows
-    progress on stderr when it is a terminal; ``on_event`` receives every
-    event of the worker's log as it comes (``fuseaudit run`` draws its
-    progress and its per-case figures from them); ``env`` extra environment variables of the
-    child processes (``fuseaudit run --workers`` gives each its GPU by ``CUDA_VISIBLE_DEVICES``).
+    the smallest failing case found so far is reported; ``isolate=False``
+    calls the target in this process; ``progress`` shows progress on stderr;
+    ``on_event`` receives every event of the judge as it comes (``fuseaudit
+    run`` draws its progress and its per-case figures from them); ``env``
+    extra environment variables of the worker (a GPU's ``CUDA_VISIBLE_DEVICES``).
     """
     start = time.perf_counter()
     spec = _get_op(op)
+    if isolate:
+        from .sandbox import start as start_zygote
+
+        start_zygote("cuda" if str(device).startswith("cuda") else device if device == "cpu" else _auto())
     device = _device(device)
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
     job, declared, min_timeout = _job(spec, target, device=device, examples=examples, seed=seed, launches=launches,
                                       case=case, dtypes=dtypes, contiguous_only=contiguous_only,
                                       head_dims=head_dims, profile=profile)
@@ -111,20 +122,72 @@ def audit(
     if not shrink_time >= 0:
         raise AuditUsageError(f"--shrink-time must be zero or positive, got {shrink_time}")
     job.shrink_seconds = float(shrink_time)
+    events: list[dict[str, Any]] = []
     with _progress(progress, job) as shown:
-        on_event = _chain(shown, on_event)
-        if isolate:
-            from .supervise import run_isolated
+        listener = _chain(shown, on_event)
 
-            with tempfile.TemporaryDirectory(prefix="fuseaudit-audit-") as tmp:
-                events = run_isolated(job, timeout=timeout, setup_timeout=max(SETUP_TIMEOUT_S, timeout),
-                                      workdir=Path(tmp), on_event=on_event, env=env)
-        else:
-            from .supervise import run_in_process
+        def emit(event: dict[str, Any]) -> None:
+            events.append(event)
+            if listener is not None:
+                listener(event)
 
-            events = run_in_process(job, on_event=on_event)
-    _raise_for_setup(events, job)
-    return assemble(events, job=job, declared=declared, elapsed_s=time.perf_counter() - start)
+        caller = _caller(spec, target, device=device, timeout=timeout, isolate=isolate, env=env)
+        try:
+            emit({"event": "setup", "ok": True, "env": environment(device)})
+            Judge(job, caller, emit).run()
+        except Exception as exc:  # a bug of fuseaudit's own: exit 2, never a verdict
+            raise AuditUsageError(f"internal error: {type(exc).__name__}: {exc}") from exc
+        finally:
+            caller.close()  # the worker and everything it started are gone before the result exists
+    restarts = getattr(caller, "restarts", 0)
+    return assemble(events, job=job, declared=declared, elapsed_s=time.perf_counter() - start, restarts=restarts)
+
+
+def _auto() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _target_for_worker(target: str) -> str:
+    """``path/file.py:fn`` made absolute: the worker runs in a scratch directory."""
+    module, _, attr = target.rpartition(":")
+    if module.endswith(".py"):
+        return f"{Path(module).resolve()}:{attr}"
+    return target
+
+
+def _caller(spec: OpSpec, target: str, *, device: str, timeout: float, isolate: bool,
+            env: dict[str, str] | None) -> Any:
+    """The way to the target: a worker (loaded, or exit 2 where it cannot be), or this process."""
+    if not isolate:
+        from .check import InProcess
+        from .targets import load_target
+        from .worker import signature_problem
+
+        try:
+            impl = load_target(target, op=spec.name)
+        except Exception as exc:
+            message = str(exc) if type(exc).__name__ == "TargetError" else \
+                f"could not load {target}: {type(exc).__name__}: {exc}"
+            raise AuditUsageError(message) from None
+        problem = signature_problem(spec, impl, target)
+        if problem:
+            raise AuditUsageError(problem)
+        return InProcess(impl, device=device)
+    from .remote import Remote, TargetLoadError
+    from .sandbox import sandbox
+
+    try:
+        box = sandbox(device, env=env)
+        remote = Remote(box, target=_target_for_worker(target), op=spec.name, device=device, timeout=timeout,
+                        load_timeout=max(SETUP_TIMEOUT_S, timeout), path=[os.getcwd()], env=env)
+        remote.start()
+    except TargetLoadError as exc:
+        raise AuditUsageError(str(exc)) from None
+    except RuntimeError as exc:  # the zygote did not start
+        raise AuditUsageError(f"could not start a worker: {exc}") from None
+    return remote
 
 
 # ---------------------------------------------------------------------------
@@ -203,7 +266,7 @@ def _job(spec: OpSpec, target: str, *, device: str, examples: int, seed: int | N
         if replay.op != spec.name:
             raise AuditUsageError(f"--case is a case of op {replay.op!r}, not {spec.name!r}")
         case_json = replay.to_json()
-    phases = ["replay" if case_json else "search", "launches", "determinism"]
+    phases = ["replay" if case_json else "search", "launches", "determinism", "state"]
     job = AuditJob(op=spec.name, target=target, device=device, phases=phases, examples=examples, seed=seed,
                    profile=profile, dtypes=dtype_list, layouts=layouts, head_dims=head_list,
                    expected_launches=expected, count_launches=count, launches_note=note, case=case_json)
@@ -240,19 +303,6 @@ def _builtin(spec: OpSpec, target: str, device: str, dtypes: list[str] | None, l
     if not count:
         note = f"{target}: kernels are counted on {', '.join(info.count_launches_on)} only"
     return dtypes, layouts, head_dims, expected, count, note, info.min_timeout_s
-
-
-def _raise_for_setup(events: list[dict[str, Any]], job: AuditJob) -> None:
-    """Exit 2 where the worker could not load the target, or fuseaudit itself failed."""
-    for e in events:
-        if e["event"] == "setup" and not e.get("ok"):
-            raise AuditUsageError(e["message"])
-        if e["event"] == "error":
-            raise AuditUsageError(e["message"])
-        if e["event"] == "crash" and not e.get("setup_done"):
-            raise AuditUsageError(f"could not load {job.target}: {e['message']}")
-    if not any(e["event"] == "setup" for e in events):
-        raise AuditUsageError(f"could not load {job.target}: the worker reported nothing")
 
 
 # ---------------------------------------------------------------------------
@@ -297,8 +347,8 @@ def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]
         elif kind == "done" and event["phase"] == "search":
             state["done"] += 1
             state["failing"] += not event["report"]["passed"]
-        elif kind == "crash":
-            state["phase"] = f"restarting after: {event['kind']}"
+        elif kind == "lost":
+            state["phase"] = f"a fresh worker after: {event['kind']}"
         if state["phase"] == "search":
             extra = " (shrinking)" if state["done"] > job.examples else ""
             text = f"search: {state['done']}/{job.examples} examples, {state['failing']} failing{extra}"

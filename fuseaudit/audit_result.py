@@ -1,23 +1,27 @@
-"""From the worker's log to verdicts: what ``fuseaudit audit`` prints and writes as JSON.
+"""From the judge's events to verdicts: what ``fuseaudit audit`` prints and writes as JSON.
 
-:func:`assemble` reads the events of :mod:`fuseaudit._audit_worker` (and the
-parent's ``crash`` events of :mod:`fuseaudit.supervise`) and gives each
+:func:`assemble` reads the events of :mod:`fuseaudit.judge` and gives each
 property a verdict:
 
 ``runs``, ``contract``, ``inputs_unchanged``, ``numerics``
-    FAIL when any case checked failed it (a crash or hang is a ``runs``
-    failure); PASS when it was checked on at least one case and held on
-    all; SKIP when no case got far enough to check it (``numerics`` needs a
-    call that returned outputs of the right kind).  The case shown is the
-    minimal one Hypothesis shrank to for that property; a property that was
+    FAIL when any case checked failed it (a crash, hang or broken protocol
+    of the worker is a ``runs`` failure); PASS when it held on at least as
+    many cases as the audit asked for; INCONCLUSIVE when it held on fewer
+    (the target declared cases unsupported) or on none.  The case shown is
+    the minimal one Hypothesis shrank to for that property (marked flaky
+    where it passed when replayed in a fresh worker); a property that was
     never the first to fail on a case (so Hypothesis did not shrink it)
-    shows the smallest case it failed on; a crash shows the case that was
-    running.
+    shows the smallest case it failed on.
 ``launches``
-    FAIL when the count differs from the expected one, PASS when equal,
-    SKIP when it could not be counted or is not judged for this target.
+    FAIL when a count differs from the expected one or the target failed
+    inside the counter, PASS when every count equals it, INCONCLUSIVE when no
+    count could be trusted, SKIP when not judged for this target.
 ``determinism``
-    FAIL when two calls on the same inputs differ in any bit.
+    FAIL when two calls on the same inputs differ in any bit; INCONCLUSIVE
+    when no case could be compared.
+
+A property checked on no case is never held.  Exit code: 1 on any FAIL,
+else 3 on any INCONCLUSIVE, else 0.
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._audit_worker import AuditJob
 from .case import Case
 from .check import PROPERTIES
 from .jsonio import jsonable
+from .judge import AuditJob
 
 ALL_PROPERTIES = (*PROPERTIES, "launches", "determinism")
-PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+PASS, FAIL, SKIP, INCONCLUSIVE = "PASS", "FAIL", "SKIP", "INCONCLUSIVE"
 
 
 @dataclass
@@ -40,7 +44,7 @@ class FailureRecord:
     """One failing case of a property, ready to print and replay."""
 
     message: str
-    source: str  # shrunk, observed, crash, timeout, fatal, launches, determinism
+    source: str  # shrunk, observed, flaky, crash, timeout, protocol, fatal, launches, determinism
     case: str | None = None  # the Case as JSON
     describe: str = ""
     replay: str | None = None
@@ -50,7 +54,7 @@ class FailureRecord:
 @dataclass
 class Verdict:
     prop: str
-    status: str  # PASS, FAIL or SKIP
+    status: str  # PASS, FAIL, INCONCLUSIVE or SKIP
     summary: str
     cases: int = 0  # cases on which the property was evaluated
     failing_cases: int = 0
@@ -60,7 +64,7 @@ class Verdict:
 
 @dataclass
 class AuditResult:
-    """The outcome of one audit; :attr:`exit_code` is 1 when any property failed, else 0."""
+    """The outcome of one audit; :attr:`exit_code` is 1 on a failure, 3 when inconclusive, else 0."""
 
     op: str
     target: str
@@ -83,23 +87,25 @@ class AuditResult:
         return [p for p, v in self.verdicts.items() if v.status == FAIL]
 
     @property
+    def inconclusive(self) -> list[str]:
+        return [p for p, v in self.verdicts.items() if v.status == INCONCLUSIVE]
+
+    @property
     def passed(self) -> bool:
-        return not self.failed
+        return not self.failed and not self.inconclusive
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.passed else 1
+        return 1 if self.failed else 3 if self.inconclusive else 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["properties"] = d.pop("verdicts")
-        d.update(exit_code=self.exit_code, passed=self.passed, failed=self.failed)
+        d.update(exit_code=self.exit_code, passed=self.passed, failed=self.failed, inconclusive=self.inconclusive)
         return jsonable(d)
 
     def render(self) -> str:
         return render_text(self)
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -113,7 +119,9 @@ def _failed_props(report: dict[str, Any]) -> set[str]:
 def _evaluated(prop: str, failed: set[str]) -> bool:
     if prop == "runs":
         return True
-    if prop in ("contract", "inputs_unchanged"):
+    if prop == "inputs_unchanged":
+        return True  # the judge reads the inputs back after every call, even one that raised
+    if prop == "contract":
         return "runs" not in failed
     return not failed & {"runs", "contract"}  # numerics
 
@@ -126,6 +134,8 @@ def _replay(job: AuditJob, case_json: str | None) -> str | None:
 
 def _record(job: AuditJob, prop: str, report: dict[str, Any], source: str) -> FailureRecord:
     message = next(f["message"] for f in report["failures"] if f["prop"] == prop)
+    if report.get("process") and source != "shrunk":
+        source = report["process"]
     return FailureRecord(message=message, source=source, case=report["case"], describe=report["describe"],
                          replay=report.get("replay") or _replay(job, report["case"]),
                          comparisons=report.get("comparisons", []))
@@ -135,36 +145,39 @@ def _size(report: dict[str, Any]) -> tuple[int, str]:
     return Case.from_json(report["case"]).numel(), report["describe"]
 
 
+def _asked(job: AuditJob) -> int:
+    return 1 if job.case else job.examples
+
+
 def _check_verdict(prop: str, job: AuditJob, observed: list[dict[str, Any]], minimal: list[dict[str, Any]],
-                   crashes: list[dict[str, Any]]) -> Verdict:
+                   flaky: set[tuple[str, str]], unsupported: int) -> Verdict:
     evaluated = [r for r in observed if _evaluated(prop, _failed_props(r))]
     failing = [r for r in evaluated if prop in _failed_props(r)]
     records: list[FailureRecord] = []
-    if prop == "runs":
-        for c in crashes:
-            case = c.get("case") or c.get("last_case")
-            records.append(FailureRecord(message=c["message"], source=c["kind"], case=case,
-                                         describe=Case.from_json(case).describe() if case else "",
-                                         replay=_replay(job, case)))
     seen = set()
     for m in minimal:
         if m["prop"] == prop and m["report"]["case"] not in seen:
             seen.add(m["report"]["case"])
-            records.append(_record(job, prop, m["report"], "shrunk"))
+            record = _record(job, prop, m["report"], "shrunk")
+            if (prop, m["report"]["case"]) in flaky:
+                record.source = "flaky"
+                record.message += (" [flaky: it passed when replayed alone in a fresh worker, so it depends on "
+                                   f"earlier calls; the whole search replays with --seed {job.seed} --examples "
+                                   f"{job.examples}]")
+            records.append(record)
     if failing and not seen:
         records.append(_record(job, prop, min(failing, key=_size), "observed"))
-    n_cases = len(evaluated) + (len(crashes) if prop == "runs" else 0)
-    n_failing = len(failing) + (len(crashes) if prop == "runs" else 0)
     detail = {"worst": _worst_figures(evaluated)} if prop == "numerics" else {}
     if records:
-        return Verdict(prop, FAIL, records[0].message, n_cases, n_failing, records, detail)
-    if evaluated:
-        return Verdict(prop, PASS, f"held on {len(evaluated)} case(s)", n_cases, detail=detail)
-    if not observed:
-        why = "no case completed" + (" (the process crashed)" if crashes else "")
-    else:
-        why = "no case got past " + ("runs" if prop != "numerics" else "runs and contract")
-    return Verdict(prop, SKIP, f"not evaluated: {why}")
+        return Verdict(prop, FAIL, records[0].message, len(evaluated), len(failing), records, detail)
+    searched = sum(1 for r in evaluated if r["_phase"] in ("search", "replay"))
+    if searched and searched >= _asked(job):
+        return Verdict(prop, PASS, f"held on {len(evaluated)} case(s)", len(evaluated), detail=detail)
+    skipped = f"; {unsupported} drawn case(s) were declared unsupported" if unsupported else ""
+    if not searched:
+        return Verdict(prop, INCONCLUSIVE, f"not checked on any case{skipped}", detail=detail)
+    return Verdict(prop, INCONCLUSIVE, f"held on {searched} of the {_asked(job)} case(s) asked{skipped}",
+                   len(evaluated), detail=detail)
 
 
 def _worst_figures(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -177,38 +190,48 @@ def _worst_figures(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return worst
 
 
-def _launches_verdict(job: AuditJob, events: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> Verdict:
+def _launches_verdict(job: AuditJob, events: list[dict[str, Any]]) -> Verdict:
     if "launches" not in job.phases:
         return Verdict("launches", SKIP, "not run")
     found = [e for e in events if e["event"] == "launches"]
     if not found:
-        if any(c["phase"] == "launches" for c in crashes):
-            return Verdict("launches", SKIP, "not counted: the process died while counting (see runs)")
-        return Verdict("launches", SKIP, "not counted: the audit ended before this phase")
-    e = found[-1]
-    if "count" not in e:
-        return Verdict("launches", SKIP, e.get("error", "not counted"))
-    count = e["count"]
-    detail = {"count": count, "expected": e["expected"], "case": e["case"]}
-    if e["expected"] is None:
+        return Verdict("launches", INCONCLUSIVE, "not counted: the audit ended before this phase")
+    counted = [e for e in found if "count" in e]
+    raised = [e for e in found if e.get("raised")]
+    if not job.count_launches:
+        return Verdict("launches", SKIP, found[0].get("error", "not counted"))
+    expected = found[0]["expected"]
+    if expected is None:
+        if not counted:
+            return Verdict("launches", SKIP, f"not judged ({job.launches_note}): {found[0].get('error', '')}")
+        e = counted[0]
         note = f" ({job.launches_note})" if job.launches_note else ""
-        return Verdict("launches", SKIP, f"not judged{note}: {count['count']} kernel(s): {_names(count['kernels'])}",
-                       1, detail=detail)
-    if count["count"] == e["expected"]:
-        return Verdict("launches", PASS, f"{count['count']} kernel(s): {_names(count['kernels'])}", 1, detail=detail)
-    message = f"one call launched {count['count']} kernel(s), expected {e['expected']}: {_names(count['kernels'])}"
-    case = Case.from_json(e["case"])
-    record = FailureRecord(message=message, source="launches", case=e["case"], describe=case.describe(),
-                           replay=_replay(job, e["case"]))
-    return Verdict("launches", FAIL, message, 1, 1, [record], detail)
+        return Verdict("launches", SKIP, f"not judged{note}: {e['describe']}", len(counted),
+                       detail={"count": e["count"], "expected": None, "case": e["case"]})
+    wrong = [e for e in counted if len(e["count"]["kernels"]) != expected]
+    records = []
+    for e in wrong + raised:
+        if "count" in e:
+            message = f"one call launched {e['describe'].replace(' kernel(s)', ' kernel(s)', 1)}, expected {expected}"
+        else:
+            message = e["error"]
+        records.append(FailureRecord(message=message, source="launches", case=e["case"],
+                                     describe=Case.from_json(e["case"]).describe() if e["case"] else "",
+                                     replay=_replay(job, e["case"])))
+    first = (wrong or counted or [found[0]])[0]
+    detail = {"count": first.get("count"), "expected": expected, "case": first["case"],
+              "counts": [{"case": e["case"], "count": e["count"]} for e in counted]}
+    if records:
+        return Verdict("launches", FAIL, records[0].message, len(counted) + len(raised), len(records), records,
+                       detail)
+    if counted and len(counted) == len(found):
+        return Verdict("launches", PASS, f"{counted[0]['describe']} (on {len(counted)} case(s))", len(counted),
+                       detail=detail)
+    errors = [e for e in found if "count" not in e]
+    return Verdict("launches", INCONCLUSIVE, errors[0].get("error", "not counted"), len(counted), detail=detail)
 
 
-def _names(kernels: list[str], shown: int = 8) -> str:
-    more = f", ... ({len(kernels) - shown} more)" if len(kernels) > shown else ""
-    return (", ".join(kernels[:shown]) or "none") + more
-
-
-def _determinism_verdict(job: AuditJob, events: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> Verdict:
+def _determinism_verdict(job: AuditJob, events: list[dict[str, Any]]) -> Verdict:
     if "determinism" not in job.phases:
         return Verdict("determinism", SKIP, "not run")
     found = [e for e in events if e["event"] == "determinism"]
@@ -222,37 +245,37 @@ def _determinism_verdict(job: AuditJob, events: list[dict[str, Any]], crashes: l
     if compared:
         return Verdict("determinism", PASS, f"bitwise equal on {len(compared)} case(s)", len(compared))
     if found:
-        return Verdict("determinism", SKIP, found[0]["message"])
-    if any(c["phase"] == "determinism" for c in crashes):
-        return Verdict("determinism", SKIP, "not compared: the process died (see runs)")
-    return Verdict("determinism", SKIP, "not compared: the audit ended before this phase")
+        return Verdict("determinism", INCONCLUSIVE, found[0]["message"])
+    return Verdict("determinism", INCONCLUSIVE, "not compared: no drawn case ran")
 
 
 def assemble(events: list[dict[str, Any]], *, job: AuditJob, declared: dict[str, Any], elapsed_s: float,
-             notes: list[str] | None = None) -> AuditResult:
-    """The :class:`AuditResult` of a finished audit (the setup succeeded)."""
-    observed = [e["report"] for e in events if e["event"] == "done"]
+             notes: list[str] | None = None, restarts: int = 0) -> AuditResult:
+    """The :class:`AuditResult` of a finished audit."""
+    observed = [{**e["report"], "_phase": e["phase"]} for e in events if e["event"] == "done"]
     minimal = [e for e in events if e["event"] == "minimal"]
-    crashes = [e for e in events if e["event"] == "crash"]
-    verdicts = {p: _check_verdict(p, job, observed, minimal, crashes) for p in PROPERTIES}
-    verdicts["launches"] = _launches_verdict(job, events, crashes)
-    verdicts["determinism"] = _determinism_verdict(job, events, crashes)
+    flaky = {(e["prop"], e["case"]) for e in events if e["event"] == "flaky"}
+    unsupported = [e for e in events if e["event"] == "unsupported"]
+    verdicts = {p: _check_verdict(p, job, observed, minimal, flaky, len(unsupported)) for p in PROPERTIES}
+    verdicts["launches"] = _launches_verdict(job, events)
+    verdicts["determinism"] = _determinism_verdict(job, events)
     env = next((e["env"] for e in events if e["event"] == "setup" and e.get("ok")), {})
     replayed = [e["report"] for e in events if e["event"] == "done" and e["phase"] == "replay"]
     notes = list(notes or []) + [e["message"] for e in events if e["event"] == "note"]
-    unsupported = [e for e in events if e["event"] == "unsupported"]
     if unsupported:
         first = unsupported[0]
         notes.append(f"{len(unsupported)} drawn case(s) outside the target's declared support were skipped, "
                      f"e.g. {first['describe']}: {first['reason']}")
-    if crashes and any(e["event"] == "phase" for e in events[events.index(crashes[0]):]):
-        notes.append("after the crash a fresh process ran the remaining phases")
+    lost = [e for e in events if e["event"] == "lost"]
+    if lost:
+        kinds = ", ".join(sorted({e["kind"] for e in lost}))
+        notes.append(f"{len(lost)} worker(s) lost ({kinds}); each following call ran in a fresh worker")
     return AuditResult(
         op=job.op, target=job.target, device=job.device, mode="replay" if job.case else "search",
         verdicts=verdicts, examples_requested=job.examples,
         examples_run=sum(1 for e in events if e["event"] == "done" and e["phase"] == "search"),
         seed=job.seed, profile=job.profile, declared=declared, environment=env, elapsed_s=elapsed_s,
-        restarts=len(crashes), notes=notes, replay_report=replayed[-1] if replayed else None,
+        restarts=restarts, notes=notes, replay_report=replayed[-1] if replayed else None,
     )
 
 
@@ -321,6 +344,11 @@ def render_text(result: AuditResult) -> str:
             lines.extend(f"    {s}" for s in figures(cmp))
     for note in result.notes:
         lines.append(f"  note: {note}")
-    verdict = "PASS" if result.passed else f"FAIL ({', '.join(result.failed)})"
+    if result.failed:
+        verdict = f"FAIL ({', '.join(result.failed)})"
+    elif result.inconclusive:
+        verdict = f"INCONCLUSIVE ({', '.join(result.inconclusive)})"
+    else:
+        verdict = "PASS"
     lines.append(f"result: {verdict} in {result.elapsed_s:.1f} s")
     return "\n".join(lines)

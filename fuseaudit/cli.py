@@ -47,9 +47,25 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _start_worker_early(command: str | None, argv: list[str]) -> None:
+    """An audit's zygote imports torch and Triton while this process does the same."""
+    if command not in ("audit", "run") or "--in-process" in argv:
+        return
+    device = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--device"), "auto")
+    if device == "auto":
+        import os
+
+        device = "cuda" if os.path.exists("/dev/nvidiactl") else "cpu"
+    from .sandbox import adopt_orphans, start
+
+    adopt_orphans()  # what a target's processes leave, even past a killed zygote, is ours to kill
+    start(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
+    _start_worker_early(command, argv)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     return int(args._module.main(args))
 

@@ -205,7 +205,7 @@ def environment(device: str) -> dict[str, Any]:
     """Versions, the GPU (driver, CUDA, NVML) and the CPU: what makes two runs comparable."""
     import torch
 
-    from ._audit_worker import environment as worker_environment
+    from .judge import environment as worker_environment
 
     env = worker_environment(device)
     env["cuda"] = torch.version.cuda

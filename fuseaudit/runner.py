@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import pathlib
 import queue
 import signal
@@ -312,15 +311,15 @@ def expected_seconds(job: tuple[str, str, str, int], finished: list[tuple[float,
 
 
 def worker_device(device: str, worker: int) -> tuple[str, dict[str, str] | None]:
-    """(device recorded, extra child environment) of worker ``worker`` of a run on ``device``.
+    """(device, extra worker environment) of worker ``worker`` of a run on ``device``.
 
-    On CUDA the worker's children see one GPU: the ``worker``-th of ours (of our own
-    ``$CUDA_VISIBLE_DEVICES`` where that is set).
+    On CUDA worker ``i`` audits on GPU ``cuda:i`` (of the GPUs this process sees):
+    the judge keeps its inputs there and hands them to the target's process by
+    CUDA IPC, so both must see the same GPUs under the same numbers.
     """
     if not device.startswith("cuda"):
         return device, None
-    ours = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return f"cuda:{worker}", {"CUDA_VISIBLE_DEVICES": ours[worker] if worker < len(ours) else str(worker)}
+    return f"cuda:{worker}", None
 
 
 def _resumed(path: pathlib.Path, device: str) -> dict[str, Any] | None:
@@ -387,7 +386,7 @@ class _Run:
                          "ulp_histograms": {}, "elapsed_s": 0.0,
                          "message": f"not run: --time-limit {self.options['time_limit']:g} s reached"}
             else:  # concurrent audits would garble one progress bar's example count: finished lines only
-                entry = audit_entry(op, target, kind, examples, device=self.device, options=self.options,
+                entry = audit_entry(op, target, kind, examples, device=device, options=self.options,
                                     progress=self.progress if workers == 1 else None, env=env)
             entry.update(worker=worker, device=device)
             with self.lock:
@@ -416,8 +415,8 @@ class _Run:
                 except BaseException as exc:  # a bug of ours: stop the others, raise it in the main thread
                     failures.append(exc)
 
-        # daemon threads: on Ctrl-C the main thread raises and exits; the audits' children notice
-        # their parent is gone and exit (fuseaudit._audit_worker)
+        # daemon threads: on Ctrl-C the main thread raises and exits; the zygote sees the judge's
+        # channel close and kills every worker (fuseaudit.worker)
         threads = [threading.Thread(target=worker_loop, args=(w,), name=f"fuseaudit-worker-{w}", daemon=True)
                    for w in range(min(workers, len(jobs)))]
         for t in threads:

@@ -1,0 +1,367 @@
+"""The judge: draws the cases, runs the phases of an audit, and logs every step as an event.
+
+It runs in the auditing process and never imports the target: the target is
+reached through a caller (:class:`fuseaudit.remote.Remote`, a worker process;
+or :class:`fuseaudit.check.InProcess` for ``--in-process``), and every case is
+judged by :func:`fuseaudit.check.judge_case` from inputs the judge keeps.
+
+Phases, in the order a job lists them:
+
+``search``       Hypothesis draws cases within the declared support; each
+                 failing property is shrunk to its own minimal case
+                 (``minimal`` events), then replayed in a fresh worker: one
+                 that passes there is marked ``flaky`` (it depends on earlier
+                 calls).  After ``shrink_seconds`` from the first failure new
+                 cases are no longer run.  A hang ends the search (each
+                 attempt to shrink it would cost the timeout).
+``replay``       the one case of ``--case``.
+``launches``     kernels per call, on up to :data:`LATER_CASES` cases that ran
+                 in the search (the smallest, the largest, another dtype).
+``determinism``  two calls on identical inputs give the same bits, on those cases.
+``state``        on those cases: a second call on the *same buffers* holding
+                 new values must be judged right (a cache keyed by pointer or
+                 shape fails), and the first call's outputs must be unchanged
+                 after it (a view of a reused workspace fails ``contract``).
+
+Events (dicts with key ``event``): ``setup``, ``phase`` / ``phase_end``,
+``start`` (phase, case), ``done`` (phase, report), ``unsupported``,
+``minimal`` (prop, report), ``flaky`` (prop, case), ``lost`` (kind, phase,
+message: a worker was killed and a fresh one forked), ``launches`` (case,
+count or error), ``determinism`` (case, status, message), ``note``,
+``finished``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
+
+from .case import Case, materialize
+from .catalog import OpSpec, get_op
+from .check import Called, CaseReport, Failure, judge_case
+
+PHASES = ("search", "replay", "launches", "determinism", "state")
+LATER_CASES = 3  # cases of the search that launches and determinism run on
+STATE_CASES = 2  # cases of the search that the state phase runs on
+STATE_SEED_STEP = 1_000_003  # the second call's values: another seed of the same case
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class AuditJob:
+    """What one audit checks; JSON-serialisable, so it is recorded with the result."""
+
+    op: str
+    target: str
+    device: str  # "cpu", "cuda" or "cuda:K", already resolved
+    phases: list[str]
+    examples: int = 50
+    seed: int | None = None
+    profile: str = "ci"
+    dtypes: list[str] | None = None
+    layouts: list[str] | None = None
+    head_dims: list[int] | None = None
+    expected_launches: int | None = None  # None: count and report, do not judge
+    count_launches: bool = True  # False: launches cannot be counted for this target here
+    launches_note: str = ""  # why launches are not judged or counted
+    case: str | None = None  # a Case as JSON, for ``replay``
+    shrink_seconds: float = 300.0  # shrinking budget, from the first failure on
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> AuditJob:
+        return cls(**json.loads(text))
+
+
+class SearchStopped(BaseException):
+    """Ends the search at once (a hang); a ``BaseException`` so that Hypothesis does not shrink it."""
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Versions and the device, for the record (the judge's: the worker forks from the same install)."""
+    import hypothesis
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # pragma: no cover - triton is a dependency
+        triton_version = None
+    from . import __version__
+
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        name = f"CPU {platform.processor() or platform.machine()} (Triton interpreter)"
+    return {"device": device, "device_name": name, "torch": torch.__version__, "triton": triton_version,
+            "hypothesis": hypothesis.__version__, "python": platform.python_version(), "fuseaudit": __version__,
+            "platform": platform.platform()}
+
+
+def bitwise_difference(names: tuple[str, ...], first: list[Any], second: list[Any]) -> tuple[str, str]:
+    """``("equal" | "differ", message)`` for two calls' outputs (the judge's copies)."""
+    import torch
+
+    if len(first) != len(second):
+        return "differ", f"the two calls returned {len(first)} and {len(second)} outputs"
+    for name, a, b in zip(names, first, second):
+        if a is None or b is None:
+            return "differ", f"output {name} could be read from one call and not the other"
+        if a.numel() == 0:
+            continue
+        ab = a.contiguous().view(torch.uint8).reshape(a.numel(), -1)
+        bb = b.contiguous().view(torch.uint8).reshape(b.numel(), -1)
+        differs = (ab != bb).any(dim=1)
+        if bool(differs.any()):
+            flat = int(differs.nonzero()[0])
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape)) if a.dim() else ()
+            av, bv = a.reshape(-1)[flat].item(), b.reshape(-1)[flat].item()
+            return "differ", (f"{int(differs.sum())} element(s) of output {name} differ; first at {idx}: "
+                              f"{av!r} then {bv!r}")
+    return "equal", "bitwise equal"
+
+
+def property_failures(exc: BaseException) -> list[Any]:
+    """The :class:`PropertyFailure` exceptions inside what Hypothesis raised (one, or a group)."""
+    from .check import PropertyFailure
+
+    found, stack, seen = [], [exc], set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, PropertyFailure):
+            found.append(e)
+            continue
+        stack.extend(getattr(e, "exceptions", None) or ())
+        if e.__cause__ is not None:
+            stack.append(e.__cause__)
+    return found
+
+
+def _tuple(values: list[Any] | None) -> tuple[Any, ...] | None:
+    return tuple(values) if values else None
+
+
+class Judge:
+    """Runs one :class:`AuditJob` against ``caller``, reporting every step through ``emit``."""
+
+    def __init__(self, job: AuditJob, caller: Any, emit: Emit):
+        self.job = job
+        self.caller = caller
+        self.emit = emit
+        self.spec: OpSpec = get_op(job.op)
+        self.device = job.device
+        self.ran: list[Case] = []  # supported cases that returned outputs, for the later phases
+        self._lost_seen = 0
+
+    def run(self) -> None:
+        for phase in self.job.phases:
+            self.emit({"event": "phase", "phase": phase})
+            getattr(self, f"_phase_{phase}")()
+            self.emit({"event": "phase_end", "phase": phase})
+        self.emit({"event": "finished"})
+
+    # -- one judged call --------------------------------------------------------
+    def _judge(self, case: Case, phase: str, **kw: Any) -> tuple[CaseReport, Called]:
+        self.emit({"event": "start", "phase": phase, "case": case.to_json()})
+        report, called = judge_case(self.spec, self.caller, case, device=self.device, target=self.job.target, **kw)
+        self._note_lost(phase, report)
+        if report.unsupported:
+            self.emit({"event": "unsupported", "phase": phase, "case": case.to_json(),
+                       "describe": case.describe(), "reason": report.unsupported})
+        else:
+            self.emit({"event": "done", "phase": phase, "report": report.to_dict()})
+        if called.status == "ok" and not report.unsupported and phase in ("search", "replay"):
+            self.ran.append(case)
+        return report, called
+
+    def _note_lost(self, phase: str, report: CaseReport | None = None, message: str = "") -> None:
+        lost = getattr(self.caller, "lost", [])
+        for kind in lost[self._lost_seen:]:
+            self.emit({"event": "lost", "kind": kind, "phase": phase,
+                       "message": report.failures[0].message if report and report.failures else message})
+        self._lost_seen = len(lost)
+
+    def _later_cases(self, n: int) -> list[Case]:
+        """Up to ``n`` distinct cases that ran: the smallest, the largest, then other dtypes."""
+        if self.job.case is not None:
+            return [Case.from_json(self.job.case)]
+        unique = list({c.to_json(): c for c in self.ran}.values())
+        if not unique:
+            return []
+        by_size = sorted(unique, key=Case.numel)
+        picked = [by_size[0], by_size[-1]]
+        dtypes = {c.dtype for c in picked}
+        picked += [c for c in by_size if c.dtype not in dtypes][:1]
+        picked += by_size[1:-1]
+        return list({c.to_json(): c for c in picked}.values())[:n]
+
+    # -- phases -----------------------------------------------------------------
+    def _phase_search(self) -> None:
+        from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
+        from hypothesis import seed as hypothesis_seed
+
+        from .strategies import cases
+
+        strategy = cases(self.spec, profile=self.job.profile, dtypes_allowed=_tuple(self.job.dtypes),
+                         layouts_allowed=_tuple(self.job.layouts), head_dims=_tuple(self.job.head_dims))
+        failed: set[str] = set()
+        clock: dict[str, float] = {}
+
+        def check(case: Case) -> None:
+            key = case.to_json()
+            if failed and key not in failed and time.monotonic() - clock["first_failure"] > self.job.shrink_seconds:
+                return  # shrink budget spent: report the smallest failing case found so far
+            report, _ = self._judge(case, "search")
+            if report.unsupported:
+                reject()  # outside the target's declared support: not an example
+            if report.process == "timeout":
+                raise SearchStopped()
+            if not report.passed:
+                failed.add(key)
+                clock.setdefault("first_failure", time.monotonic())
+            report.raise_for_failures()
+
+        test = settings(
+            parent=settings.get_profile("default"),  # not the caller's loaded profile
+            max_examples=self.job.examples,
+            deadline=None,
+            database=None,
+            report_multiple_bugs=True,
+            derandomize=False,
+            print_blob=False,
+            verbosity=Verbosity.quiet,
+            suppress_health_check=list(HealthCheck),
+            phases=(Phase.explicit, Phase.generate, Phase.target, Phase.shrink),  # no explain phase
+        )(given(strategy)(check))
+        if self.job.seed is not None:
+            test = hypothesis_seed(self.job.seed)(test)
+        try:
+            test()
+        except SearchStopped:
+            self.emit({"event": "note", "message": "the search stopped at the first hang: a hang is not shrunk "
+                                                   "(every attempt would cost the timeout)"})
+        except Exception as exc:
+            from hypothesis.errors import HypothesisException
+
+            failures = property_failures(exc)
+            if not failures:
+                if not isinstance(exc, HypothesisException):
+                    raise
+                self.emit({"event": "note", "message": f"Hypothesis: {type(exc).__name__}: {exc}"})
+            for failure in failures:
+                self.emit({"event": "minimal", "prop": failure.prop, "report": failure.report.to_dict()})
+            self._replay_minimal(failures)
+
+    def _replay_minimal(self, failures: list[Any]) -> None:
+        """Each minimal case again, in a fresh worker: a failure that does not come back is flaky."""
+        fresh = getattr(self.caller, "fresh", None)
+        if fresh is None:
+            return
+        for failure in failures:
+            report = failure.report
+            if report.process is not None:
+                continue  # a crash is replayed by the command it prints
+            fresh()
+            again, _ = judge_case(self.spec, self.caller, report.case, device=self.device, target=self.job.target)
+            self._note_lost("search", again)
+            if failure.prop not in {f.prop for f in again.failures}:
+                self.emit({"event": "flaky", "prop": failure.prop, "case": report.case.to_json()})
+
+    def _phase_replay(self) -> None:
+        self._judge(Case.from_json(self.job.case), "replay")
+
+    def _phase_launches(self) -> None:
+        chosen = self._later_cases(LATER_CASES)
+        base = {"event": "launches", "expected": self.job.expected_launches}
+        if not self.job.count_launches:
+            self.emit({**base, "case": None, "error": self.job.launches_note or "launches are not counted here"})
+            return
+        if not chosen:
+            self.emit({**base, "case": None, "error": "not counted: no drawn case ran"})
+            return
+        for case in chosen:
+            self.emit({"event": "start", "phase": "launches", "case": case.to_json()})
+            status, data = self.caller.count(self.spec, materialize(case, self.device), case.params)
+            self._note_lost("launches", message=str(data))
+            entry = {**base, "case": case.to_json()}
+            if status == "ok":
+                self.emit({**entry, "count": data, "describe": _describe_count(data)})
+            elif status == "untrusted":
+                self.emit({**entry, "error": f"the count cannot be trusted: {data}"})
+            else:
+                self.emit({**entry, "raised": True, "error": f"the target failed inside the launch counter: {data}"})
+
+    def _phase_determinism(self) -> None:
+        for case in self._later_cases(LATER_CASES):
+            self.emit({"event": "start", "phase": "determinism", "case": case.to_json()})
+            inputs = materialize(case, self.device)
+            first = self.caller.call(self.spec, inputs, case.params)
+            second = self.caller.call(self.spec, inputs, case.params) if first.status == "ok" else first
+            self._note_lost("determinism", message=second.message)
+            if first.status != "ok" or second.status != "ok":
+                bad = first if first.status != "ok" else second
+                self._failed_call(case, bad, "determinism")
+                self.emit({"event": "determinism", "case": case.to_json(), "status": "skip",
+                           "message": f"not compared: {bad.message}"})
+                continue
+            status, message = bitwise_difference(self.spec.outputs, first.values, second.values)
+            if status == "differ":
+                message = f"two calls on identical inputs: {message}"
+            self.emit({"event": "determinism", "case": case.to_json(), "status": status, "message": message})
+
+    def _failed_call(self, case: Case, called: Called, phase: str) -> None:
+        """A call that failed outside the search: a ``runs`` failure on that case."""
+        if called.status == "unsupported":
+            return
+        report = CaseReport(case=case, target=self.job.target, device=self.device,
+                            failures=[Failure("runs", called.message)],
+                            process=None if called.status == "raised" else called.status)
+        self.emit({"event": "done", "phase": phase, "report": report.to_dict()})
+
+    def _phase_state(self) -> None:
+        for case in self._later_cases(STATE_CASES):
+            first, called = self._judge(case, "state", keep=True)
+            if not first.passed or called.status != "ok":
+                continue
+            other = replace(case, seed=case.seed + STATE_SEED_STEP)
+            second, _ = judge_case(self.spec, self.caller, other, device=self.device, target=self.job.target,
+                                   same_buffers=True)
+            self._note_lost("state", second)
+            if not second.passed:
+                for f in second.failures:
+                    f.message = (f"a second call on the same buffers (same pointers, shapes and strides) holding "
+                                 f"new values (seed {other.seed}): {f.message}")
+                second.case = case
+            self.emit({"event": "done", "phase": "state", "report": second.to_dict()})
+            again = self.caller.resend(self.spec, materialize(case, self.device), called.call_id)
+            self._note_lost("state", message=again.message)
+            report = CaseReport(case=case, target=self.job.target, device=self.device)
+            if again.status != "ok":
+                report.failures.append(Failure("runs", again.message))
+            else:
+                status, message = bitwise_difference(self.spec.outputs, called.values, again.values)
+                if status == "differ":
+                    report.failures.append(Failure(
+                        "contract", f"an output changed after a later call (it is a view of memory the target "
+                                    f"reuses, not a new tensor): {message}"))
+            self.emit({"event": "done", "phase": "state", "report": report.to_dict()})
+
+
+def _describe_count(count: dict[str, Any]) -> str:
+    from .launches import short_name
+
+    names = ", ".join(short_name(k) for k in count["kernels"][:8]) or "none"
+    more = f", ... ({len(count['kernels']) - 8} more)" if len(count["kernels"]) > 8 else ""
+    extra = f" (+{count['memcpy']} memcpy, {count['memset']} memset)" if count["memcpy"] or count["memset"] else ""
+    return f"{len(count['kernels'])} kernel(s){extra}: {names}{more}"
