@@ -87,6 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
     profile = config.getoption("--fuseaudit-profile") or os.environ.get("FUSEAUDIT_PROFILE")
     if profile:
         profiles.activate(profile)
+    else:
+        profiles.activate_default()
     device = profiles.resolve_device(config.getoption("--fuseaudit-device"))
     worker = xdist_worker_index()
     if device == "cuda" and worker is not None:  # one GPU per xdist worker, round-robin

@@ -6,6 +6,10 @@ a kernel, and the interpreter is slow; a deadline would only measure that):
 ``fuseaudit-ci``   few, small, derandomized examples: stable CI on 2 CPU cores
 ``fuseaudit-dev``  more and larger examples, random each run
 ``fuseaudit-gpu``  many, large examples for a real GPU
+``fuseaudit-user`` Hypothesis's defaults without the deadline: what the plugin
+                   loads when neither an option nor the user chose a profile,
+                   so that ``@given(cases(spec))`` in your own tests does not
+                   fail a correct kernel for its first call's compile
 
 The size bounds that go with each profile live in :mod:`.strategies`; the
 profile name reaches them through ``$FUSEAUDIT_PROFILE``.  ``$FUSEAUDIT_EXAMPLES``
@@ -41,6 +45,14 @@ def register() -> None:
                               suppress_health_check=_SLOW, print_blob=True)
     settings.register_profile("fuseaudit-gpu", max_examples=_examples("gpu"), deadline=None,
                               suppress_health_check=_SLOW, print_blob=True)
+    settings.register_profile("fuseaudit-user", deadline=None, suppress_health_check=_SLOW)
+
+
+def activate_default() -> None:
+    """Hypothesis's own defaults less the deadline, unless the user has loaded a profile of their own."""
+    if getattr(settings, "_current_profile", "default") in (None, "default"):
+        register()
+        settings.load_profile("fuseaudit-user")
 
 
 def activate(profile: str) -> None:

@@ -16,9 +16,9 @@ Per row ``r``, with ``err(t) = max_i |t_i - oracle_i|`` over the row::
     noise_r    = NOISE_ULPS * ulp(dtype, out_r) + ulp(float32, max_i s_i) + tiny(dtype)
     fallback_r = spec.fallback_ulps * ulp(dtype, out_r) + noise_r
 
-    if eager's row is finite and err(eager) <= fallback_r:      (a sane yardstick)
+    if eager's row is finite:                                     (eager is the yardstick)
         bound_r = FACTOR * err(eager) + noise_r
-    else:                                                         (eager overflowed or is far off)
+    else:                                                         (eager overflowed)
         bound_r = fallback_r
 
     the row passes  iff  err(got) <= bound_r
@@ -40,7 +40,12 @@ Per row ``r``, with ``err(t) = max_i |t_i - oracle_i|`` over the row::
   tight bound: zeros returned for a row of 1e-5 values miss it by orders of
   magnitude.
 
-A broken yardstick never widens the bound past ``fallback_r``.
+A kernel exactly as good as eager always passes: where eager's row is finite
+but further from the oracle than ``fallback_r`` (GELU's float32 left tail,
+where ``1 + erf(x)`` cancels), its error still sets the bound, and the
+comparison counts those rows (``rows_eager_far``, yardstick ``eager_far`` when
+the worst row is one) so that the verdict can say where eager itself was off.
+A non-finite yardstick never widens the bound past ``fallback_r``.
 
 Before any of that, NaN and Inf must match: a non-finite value where the
 oracle (rounded to the output dtype) is finite fails, and the reverse too.
@@ -87,9 +92,10 @@ class Comparison:
     eager_max_abs_err: float = 0.0
     eager_max_ulp_err: float = 0.0
     ratio_to_eager: float = 0.0  # err(got) / err(eager) over the worst row, inf if eager is exact
-    yardstick: str = "eager"  # or "fallback" where eager was non-finite or far off
+    yardstick: str = "eager"  # "eager_far" where eager was finite but past the dtype budget, "fallback" non-finite
     rows: int = 0
     rows_failed: int = 0
+    rows_eager_far: int = 0  # rows where eager itself was further from the oracle than the dtype budget
     worst_index: tuple[int, ...] = ()
     worst_got: float = 0.0
     worst_oracle: float = 0.0
@@ -185,8 +191,8 @@ def compare(
 
     row_err_g = err_g.amax(dim=1)
     row_err_e = err_e.amax(dim=1)
-    sane = eager_finite_row & (row_err_e <= fallback)
-    bound = torch.where(sane, factor * row_err_e + noise, fallback)
+    far = eager_finite_row & (row_err_e > fallback)
+    bound = torch.where(eager_finite_row, factor * row_err_e + noise, fallback)
     failed = row_err_g > bound
 
     elem_ulps = err_g / ulp(dtype, o)
@@ -210,9 +216,11 @@ def compare(
         eager_max_ulp_err=float(eager_ulps.max()),
         ratio_to_eager=float(row_err_g[worst_row]) / eager_worst if eager_worst > 0 else (
             0.0 if float(row_err_g[worst_row]) == 0 else math.inf),
-        yardstick="eager" if bool(sane[worst_row]) else "fallback",
+        yardstick=("eager_far" if bool(far[worst_row]) else "eager") if bool(eager_finite_row[worst_row])
+        else "fallback",
         rows=rows,
         rows_failed=int(failed.sum()),
+        rows_eager_far=int(far.sum()),
         worst_index=idx,
         worst_got=float(g[worst_row, worst_col]),
         worst_oracle=float(o[worst_row, worst_col]),
@@ -224,8 +232,8 @@ def compare(
         cmp.reason = "within bound"
     else:
         how = (f"{factor:g} x eager's error {eager_worst:.3g} + noise {float(noise[worst_row]):.3g}"
-               if cmp.yardstick == "eager" else
-               f"the dtype bound of {fallback_ulps:g} ulp (eager is non-finite or far off here)")
+               if cmp.yardstick != "fallback" else
+               f"the dtype bound of {fallback_ulps:g} ulp (eager is non-finite here)")
         cmp.reason = (
             f"{cmp.rows_failed}/{rows} rows exceed the bound; worst at {idx}: got {cmp.worst_got:.6g}, "
             f"oracle {cmp.worst_oracle:.6g}, eager {cmp.worst_eager:.6g}; row error "

@@ -119,6 +119,26 @@ def test_eager_composition_passes():
     assert all(v.status == PASS for v in result.verdicts.values()), result.render()
 
 
+def test_plain_pytorch_composition_is_told_how_to_be_judged_unfused():
+    result = run("bias_gelu", "correct.py:bias_gelu", examples=3)
+    assert result.failed == ["launches"], result.render()
+    assert "a plain PyTorch composition launches one kernel per op" in result.verdicts["launches"].summary
+    assert "pass --launches 2" in result.verdicts["launches"].summary
+
+
+def test_audit_from_a_folder_that_holds_a_fuseaudit_directory(tmp_path):
+    """The folder one cloned into, or the repository's parent: the worker never imports that directory."""
+    (tmp_path / "fuseaudit").mkdir()
+    (tmp_path / "fuseaudit" / "README.md").write_text("a checkout, not a package\n")
+    script = Path(sys.executable).with_name("fuseaudit")  # the console script, as a user types it
+    proc = subprocess.run(
+        [str(script), "audit", "bias_gelu", planted("correct.py:bias_gelu"),
+         "--device", "cpu", "--examples", "3", "--seed", "0", "--launches", "2"],
+        capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "result: PASS" in proc.stdout
+
+
 def test_correct_triton_kernel_passes():
     result = run("swiglu", "correct_triton.py:swiglu", examples=6)
     assert result.exit_code == 0, result.render()

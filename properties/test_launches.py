@@ -83,3 +83,38 @@ def test_fused_marker(pytester, fuseaudit_device):
         "*expected 1 launch(es) per fused call, block 1 launched 3 kernel(s): aten::add, aten::add, aten::gelu*",
         "*no launches were counted*",
     ])
+
+
+README_EXAMPLE = '''
+import time
+
+from fuseaudit.catalog import get_op
+from fuseaudit.check import run_case
+from fuseaudit.strategies import cases
+from hypothesis import given
+
+spec = get_op("swiglu")
+
+
+_first = [True]
+
+
+def my_swiglu(gate, up):  # the first call is slower than Hypothesis's default deadline (200 ms): a compile
+    if _first[0]:
+        _first[0] = False
+        time.sleep(0.3)
+    return (gate.float() * gate.float().sigmoid() * up.float()).to(gate.dtype)
+
+
+@given(cases(spec))
+def test_my_swiglu(case):
+    run_case(spec, my_swiglu, case, device="cpu", target="mine:my_swiglu").raise_for_failures()
+'''
+
+
+def test_readme_hypothesis_example_passes_without_a_profile(pytester, monkeypatch):
+    """The README's own-tests example, as written (on the CPU): no deadline fails a correct kernel."""
+    monkeypatch.delenv("FUSEAUDIT_PROFILE", raising=False)  # a user's shell has none
+    pytester.makepyfile(README_EXAMPLE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fuseaudit-device=cpu", "-q")
+    result.assert_outcomes(passed=1)

@@ -70,6 +70,31 @@ def test_broken_yardstick_falls_back_to_the_dtype_bound():
     assert not compare("y", eager * 1.05, broken, oracle, dtype=torch.float16, fallback_ulps=16).passed
 
 
+def test_a_kernel_equal_to_eager_in_geglus_float32_left_tail_passes_and_tanh_still_fails():
+    spec = OPS["geglu"]
+    gate = torch.linspace(-9.0, -4.0, 512).reshape(2, 256)  # GELU's left tail: 1 + erf cancels in float32
+    up = torch.ones_like(gate)
+    inputs, params = {"gate": gate, "up": up}, {"approximate": "none"}
+    (eager,) = spec.run_eager(inputs, params)
+    (oracle,) = spec.run_oracle(inputs, params)
+    scale = spec.float32_scale(inputs, params, oracle)
+    check = lambda got: compare("y", got, eager, oracle, dtype=torch.float32,
+                                fallback_ulps=spec.fallback_ulps, float32_scale=scale)
+    same = check(eager.clone())
+    assert same.rows_eager_far > 0, "the test must be where eager is past the dtype budget"
+    assert same.passed and same.yardstick == "eager_far", same.reason
+    # tanh where erf is asked: wrong by far more than eager is, on ordinary and on tail rows
+    normal = torch.randn(4, 256, generator=torch.Generator().manual_seed(0)) * 2
+    for g in (normal, gate):
+        ins = {"gate": g, "up": torch.ones_like(g)}
+        (e,) = spec.run_eager(ins, params)
+        (o,) = spec.run_oracle(ins, params)
+        tanh = torch.nn.functional.gelu(g, approximate="tanh")
+        cmp = compare("y", tanh, e, o, dtype=torch.float32, fallback_ulps=spec.fallback_ulps,
+                      float32_scale=spec.float32_scale(ins, params, o))
+        assert not cmp.passed, f"tanh passed for erf on {g.min():.1f}..{g.max():.1f}"
+
+
 def test_near_constant_rows_are_judged_against_eager_not_a_fixed_atol():
     # layer_norm of a near-constant row: the output is O(1) noise that eager
     # computes with a real error; a kernel as good as eager passes.
