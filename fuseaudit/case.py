@@ -21,7 +21,13 @@ import torch
 from .catalog import KV, ROWS, VECTOR, OpSpec, Q, get_op
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-LAYOUTS = ("contiguous", "padded", "transposed", "expanded", "offset")
+LAYOUTS = ("contiguous", "padded", "transposed", "strided", "expanded", "offset")
+STRIDE = 2  # the "strided" layout: every STRIDE-th element of a longer buffer
+
+
+def can_transpose(shape: tuple[int, ...]) -> bool:
+    """Whether swapping the last two dims makes the last dim non-unit-stride (else "strided" is the layout)."""
+    return len(shape) >= 2 and shape[-2] > 1
 
 # Values beyond the inputs' own range: a kernel that reads padding or memory
 # before a storage offset turns them into NaN in its output.
@@ -89,7 +95,8 @@ class Case:
     def describe(self) -> str:
         """One line: op, dtype, each input's shape and layout, regime, params, seed."""
         shapes = self.shapes()
-        parts = [f"{n}{tuple(s)}[{self.layouts.get(n, 'contiguous')}]" for n, s in shapes.items()]
+        parts = [f"{n}{tuple(s)}[{_layout_words(self.layouts.get(n, 'contiguous'), tuple(s))}]"
+                 for n, s in shapes.items()]
         params = " ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{self.op} {self.dtype} {' '.join(parts)} regime={self.regime} {params} seed={self.seed}".replace(
             "  ", " "
@@ -102,6 +109,15 @@ class Case:
             f"{env}fuseaudit audit {self.op} {shlex.quote(target)} --device {device} "
             f"--case {shlex.quote(self.to_json())}"
         )
+
+
+def _layout_words(layout: str, shape: tuple[int, ...]) -> str:
+    """A layout as a failure should name it: a stride said with its step."""
+    if layout == "strided" or (layout == "transposed" and not can_transpose(shape)):
+        return f"strided: every {STRIDE}nd element, stride {STRIDE}"
+    if layout == "padded" and len(shape) >= 2:
+        return f"padded: row stride {shape[-1] + 3 + shape[-1] % 5}"
+    return layout
 
 
 # ---------------------------------------------------------------------------
@@ -149,14 +165,14 @@ def _place(values: torch.Tensor, layout: str, device: str) -> torch.Tensor:
         buf = torch.full((*shape[:-1], shape[-1] + pad), SENTINEL, dtype=values.dtype)
         buf[..., : shape[-1]] = values
         return buf.to(device)[..., : shape[-1]]
-    if layout == "transposed":
-        if len(shape) >= 2 and shape[-2] > 1:
-            # stored with the last two dims swapped: the last dim is not unit-stride
-            return values.transpose(-1, -2).contiguous().to(device).transpose(-1, -2)
-        # a vector or a single row: every other element of a longer buffer
-        buf = torch.full((*shape[:-1], 2 * shape[-1]), SENTINEL, dtype=values.dtype)
-        buf[..., ::2] = values
-        return buf.to(device)[..., ::2]
+    if layout == "transposed" and can_transpose(shape):
+        # stored with the last two dims swapped: the last dim is not unit-stride
+        return values.transpose(-1, -2).contiguous().to(device).transpose(-1, -2)
+    if layout in ("strided", "transposed"):
+        # every STRIDE-th element of a longer buffer (what "transposed" is for a vector or a single row)
+        buf = torch.full((*shape[:-1], STRIDE * shape[-1]), SENTINEL, dtype=values.dtype)
+        buf[..., ::STRIDE] = values
+        return buf.to(device)[..., ::STRIDE]
     if layout == "expanded":
         # a stride-0 dim: one slice broadcast along dim 0 (values are made to match)
         return values.narrow(0, 0, 1).to(device).expand(shape)

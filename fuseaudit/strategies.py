@@ -17,7 +17,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .case import DTYPES, LAYOUTS, Case
+from .case import DTYPES, LAYOUTS, Case, can_transpose
 from .catalog import OpSpec, get_op
 
 
@@ -125,10 +125,14 @@ def cases(
             dims["D"] = draw(st.sampled_from(sorted(head_dims)))
     else:
         dims = draw(row_dims(size))
-    layout_st = layouts(layouts_allowed)
+    partial = Case(op=spec.name, dtype="float32", dims=dims, layouts={})
     chosen = {}
-    for inp in spec.inputs:
-        chosen[inp.name] = draw(layout_st)
+    for name, shape in partial.shapes().items():
+        # a vector or a single row has no second dim to swap: its non-unit stride is "strided"
+        allowed = tuple(lay for lay in LAYOUTS if lay != "transposed" or can_transpose(shape))
+        if layouts_allowed is not None:
+            allowed = tuple(lay for lay in allowed if lay in layouts_allowed) or ("contiguous",)
+        chosen[name] = draw(layouts(allowed))
     params = {p.name: draw(st.sampled_from(p.choices)) for p in spec.params}
     return Case(
         op=spec.name,

@@ -113,7 +113,9 @@ def test_layouts_are_what_they_claim(case):
         if layout == "padded":
             assert t.dim() == 1 or t.stride(-2) > t.shape[-1] or t.shape[-2] == 1
         elif layout == "transposed":
-            assert t.shape[-1] == 1 or t.stride(-1) != 1
+            assert t.shape[-2] > 1 and (t.shape[-1] == 1 or t.stride(-1) != 1), "transposed needs two dims to swap"
+        elif layout == "strided":
+            assert t.stride(-1) == 2 and "stride 2" in case.describe()
         elif layout == "expanded":
             assert t.shape[0] == 1 or t.stride(0) == 0
         elif layout == "offset":
