@@ -266,7 +266,8 @@ def _job(spec: OpSpec, target: str, *, device: str, examples: int, seed: int | N
         if replay.op != spec.name:
             raise AuditUsageError(f"--case is a case of op {replay.op!r}, not {spec.name!r}")
         case_json = replay.to_json()
-    phases = ["replay" if case_json else "search", "launches", "determinism", "state"]
+    phases = ["replay"] if case_json else ["edge", "search"]
+    phases += ["launches", "determinism", "state"]
     job = AuditJob(op=spec.name, target=target, device=device, phases=phases, examples=examples, seed=seed,
                    profile=profile, dtypes=dtype_list, layouts=layouts, head_dims=head_list,
                    expected_launches=expected, count_launches=count, launches_note=note, case=case_json)

@@ -7,13 +7,18 @@ judged by :func:`fuseaudit.check.judge_case` from inputs the judge keeps.
 
 Phases, in the order a job lists them:
 
+``edge``         the catalog's edge cases (:mod:`fuseaudit.edges`): every dtype,
+                 regime and layout, the widths models use and kernels switch
+                 at, more rows than a tile; each failing property is shrunk
+                 among the cases near its first failing edge case.
 ``search``       Hypothesis draws cases within the declared support; each
                  failing property is shrunk to its own minimal case
                  (``minimal`` events), then replayed in a fresh worker: one
                  that passes there is marked ``flaky`` (it depends on earlier
                  calls).  After ``shrink_seconds`` from the first failure new
-                 cases are no longer run.  A hang ends the search (each
-                 attempt to shrink it would cost the timeout).
+                 cases are no longer run.  A hang, here or in the edge phase,
+                 ends the calls of new cases (each attempt to shrink it would
+                 cost the timeout).
 ``replay``       the one case of ``--case``.
 ``launches``     kernels per call, on up to :data:`LATER_CASES` cases that ran
                  in the search (the smallest, the largest, another dtype).
@@ -43,7 +48,8 @@ from .case import Case, materialize
 from .catalog import OpSpec, get_op
 from .check import Called, CaseReport, Failure, judge_case
 
-PHASES = ("search", "replay", "launches", "determinism", "state")
+PHASES = ("edge", "search", "replay", "launches", "determinism", "state")
+EDGE_SHRINK_CALLS = 60  # calls to shrink one failing edge case
 LATER_CASES = 3  # cases of the search that launches and determinism run on
 STATE_CASES = 2  # cases of the search that the state phase runs on
 STATE_SEED_STEP = 1_000_003  # the second call's values: another seed of the same case
@@ -162,6 +168,8 @@ class Judge:
         self.spec: OpSpec = get_op(job.op)
         self.device = job.device
         self.ran: list[Case] = []  # supported cases that returned outputs, for the later phases
+        self.ran_edge: list[Case] = []  # edge cases that ran: for the later phases only if the search ran none
+        self.hung = False  # a call hung: no new cases are called after it
         self._lost_seen = 0
 
     def run(self) -> None:
@@ -181,8 +189,8 @@ class Judge:
                        "describe": case.describe(), "reason": report.unsupported})
         else:
             self.emit({"event": "done", "phase": phase, "report": report.to_dict()})
-        if called.status == "ok" and not report.unsupported and phase in ("search", "replay"):
-            self.ran.append(case)
+        if called.status == "ok" and not report.unsupported and phase in ("edge", "search", "replay"):
+            (self.ran_edge if phase == "edge" else self.ran).append(case)
         return report, called
 
     def _note_lost(self, phase: str, report: CaseReport | None = None, message: str = "") -> None:
@@ -196,7 +204,8 @@ class Judge:
         """Up to ``n`` distinct cases that ran: the smallest, the largest, then other dtypes."""
         if self.job.case is not None:
             return [Case.from_json(self.job.case)]
-        unique = list({c.to_json(): c for c in self.ran}.values())
+        # the search's cases (the edge set's widest rows cost seconds a call under the interpreter)
+        unique = list({c.to_json(): c for c in self.ran or self.ran_edge}.values())
         if not unique:
             return []
         by_size = sorted(unique, key=Case.numel)
@@ -207,14 +216,57 @@ class Judge:
         return list({c.to_json(): c for c in picked}.values())[:n]
 
     # -- phases -----------------------------------------------------------------
+    def _phase_edge(self) -> None:
+        """The catalog's edge cases; each failing property then shrunk from its first failing edge case."""
+        from .edges import edge_cases, shrink
+
+        first: dict[str, CaseReport] = {}
+        for case in edge_cases(self.spec, profile=self.job.profile, dtypes=self.job.dtypes, layouts=self.job.layouts,
+                               head_dims=self.job.head_dims):
+            report, _ = self._judge(case, "edge")
+            if report.process == "timeout":
+                self._stop_at_hang()
+                return
+            for f in report.failures:
+                first.setdefault(f.prop, report)
+        for prop, report in first.items():
+            if report.process is not None or self.hung:
+                continue  # a crash is replayed by the command it prints; a hang is never called again
+            smallest = {"report": report}
+
+            def fails(case: Case, prop: str = prop, smallest: dict[str, Any] = smallest) -> bool:
+                again, _ = self._judge(case, "edge")
+                if again.process == "timeout":
+                    self.hung = True
+                if prop in {f.prop for f in again.failures}:
+                    smallest["report"] = again
+                    return True
+                return False
+
+            shrink(report.case, lambda c: not self.hung and fails(c), budget=EDGE_SHRINK_CALLS)
+            self.emit({"event": "minimal", "prop": prop, "report": smallest["report"].to_dict()})
+            self._replay_minimal([(prop, smallest["report"])])
+
     def _phase_search(self) -> None:
+        from .strategies import cases
+
+        if self.hung:
+            self.emit({"event": "note", "message": "no search: the target hung in the edge phase"})
+            return
+        strategy = cases(self.spec, profile=self.job.profile, dtypes_allowed=_tuple(self.job.dtypes),
+                         layouts_allowed=_tuple(self.job.layouts), head_dims=_tuple(self.job.head_dims))
+        self._hypothesis(strategy, "search", self.job.examples)
+
+    def _stop_at_hang(self) -> None:
+        self.hung = True
+        self.emit({"event": "note", "message": "the audit stopped calling new cases at the first hang: a hang is "
+                                               "not shrunk (every attempt would cost the timeout)"})
+
+    def _hypothesis(self, strategy: Any, phase: str, examples: int, *, prop: str | None = None) -> None:
+        """``strategy`` through Hypothesis; each failing property (only ``prop``, if given) shrunk to a minimal case."""
         from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
         from hypothesis import seed as hypothesis_seed
 
-        from .strategies import cases
-
-        strategy = cases(self.spec, profile=self.job.profile, dtypes_allowed=_tuple(self.job.dtypes),
-                         layouts_allowed=_tuple(self.job.layouts), head_dims=_tuple(self.job.head_dims))
         failed: set[str] = set()
         clock: dict[str, float] = {}
 
@@ -222,11 +274,13 @@ class Judge:
             key = case.to_json()
             if failed and key not in failed and time.monotonic() - clock["first_failure"] > self.job.shrink_seconds:
                 return  # shrink budget spent: report the smallest failing case found so far
-            report, _ = self._judge(case, "search")
+            report, _ = self._judge(case, phase)
             if report.unsupported:
                 reject()  # outside the target's declared support: not an example
             if report.process == "timeout":
                 raise SearchStopped()
+            if prop is not None:
+                report.failures = [f for f in report.failures if f.prop == prop]
             if not report.passed:
                 failed.add(key)
                 clock.setdefault("first_failure", time.monotonic())
@@ -234,10 +288,10 @@ class Judge:
 
         test = settings(
             parent=settings.get_profile("default"),  # not the caller's loaded profile
-            max_examples=self.job.examples,
+            max_examples=examples,
             deadline=None,
             database=None,
-            report_multiple_bugs=True,
+            report_multiple_bugs=prop is None,
             derandomize=False,
             print_blob=False,
             verbosity=Verbosity.quiet,
@@ -249,8 +303,7 @@ class Judge:
         try:
             test()
         except SearchStopped:
-            self.emit({"event": "note", "message": "the search stopped at the first hang: a hang is not shrunk "
-                                                   "(every attempt would cost the timeout)"})
+            self._stop_at_hang()
         except Exception as exc:
             from hypothesis.errors import HypothesisException
 
@@ -261,22 +314,21 @@ class Judge:
                 self.emit({"event": "note", "message": f"Hypothesis: {type(exc).__name__}: {exc}"})
             for failure in failures:
                 self.emit({"event": "minimal", "prop": failure.prop, "report": failure.report.to_dict()})
-            self._replay_minimal(failures)
+            self._replay_minimal([(f.prop, f.report) for f in failures])
 
-    def _replay_minimal(self, failures: list[Any]) -> None:
+    def _replay_minimal(self, failures: list[tuple[str, CaseReport]]) -> None:
         """Each minimal case again, in a fresh worker: a failure that does not come back is flaky."""
         fresh = getattr(self.caller, "fresh", None)
         if fresh is None:
             return
-        for failure in failures:
-            report = failure.report
+        for prop, report in failures:
             if report.process is not None:
                 continue  # a crash is replayed by the command it prints
             fresh()
             again, _ = judge_case(self.spec, self.caller, report.case, device=self.device, target=self.job.target)
             self._note_lost("search", again)
-            if failure.prop not in {f.prop for f in again.failures}:
-                self.emit({"event": "flaky", "prop": failure.prop, "case": report.case.to_json()})
+            if prop not in {f.prop for f in again.failures}:
+                self.emit({"event": "flaky", "prop": prop, "case": report.case.to_json()})
 
     def _phase_replay(self) -> None:
         self._judge(Case.from_json(self.job.case), "replay")

@@ -156,7 +156,7 @@ class CaseCollector:
         self.histograms: dict[str, dict[str, list[int]]] = {}
 
     def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("event") != "done" or event.get("phase") not in ("search", "replay"):
+        if event.get("event") != "done" or event.get("phase") not in ("edge", "search", "replay"):
             return
         report = event["report"]
         try:

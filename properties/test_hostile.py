@@ -98,7 +98,10 @@ def test_a_predicate_that_rewrites_inputs_fails():
 def test_a_pointer_keyed_cache_fails_when_buffers_are_reused():
     result = run("pointer_cache", launches=EAGER_LAUNCHES)
     assert result.verdicts["numerics"].status == FAIL, result.render()
-    assert any("same buffers" in f.message for f in result.verdicts["numerics"].failures), result.render()
+    # the state phase says so; the search's reused buffers may find it first, as a failure a fresh worker
+    # does not repeat (flaky: it depends on earlier calls)
+    assert any("same buffers" in f.message or f.source == "flaky" for f in result.verdicts["numerics"].failures), \
+        result.render()
 
 
 def test_outputs_that_are_views_of_a_reused_workspace_fail():
