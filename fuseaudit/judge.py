@@ -262,8 +262,8 @@ class Judge:
         self.emit({"event": "note", "message": "the audit stopped calling new cases at the first hang: a hang is "
                                                "not shrunk (every attempt would cost the timeout)"})
 
-    def _hypothesis(self, strategy: Any, phase: str, examples: int, *, prop: str | None = None) -> None:
-        """``strategy`` through Hypothesis; each failing property (only ``prop``, if given) shrunk to a minimal case."""
+    def _hypothesis(self, strategy: Any, phase: str, examples: int) -> None:
+        """``strategy`` through Hypothesis, each failing property shrunk to its own minimal case."""
         from hypothesis import HealthCheck, Phase, Verbosity, given, reject, settings
         from hypothesis import seed as hypothesis_seed
 
@@ -279,8 +279,6 @@ class Judge:
                 reject()  # outside the target's declared support: not an example
             if report.process == "timeout":
                 raise SearchStopped()
-            if prop is not None:
-                report.failures = [f for f in report.failures if f.prop == prop]
             if not report.passed:
                 failed.add(key)
                 clock.setdefault("first_failure", time.monotonic())
@@ -291,7 +289,7 @@ class Judge:
             max_examples=examples,
             deadline=None,
             database=None,
-            report_multiple_bugs=prop is None,
+            report_multiple_bugs=True,
             derandomize=False,
             print_blob=False,
             verbosity=Verbosity.quiet,

@@ -371,27 +371,18 @@ def sweep_orphans() -> None:
     """Kill our children in sessions of their own that are no zygote: what a dead zygote's workers left."""
     if not _ADOPTING[0]:
         return
-    from .worker import _children, _kill_group
+    from .worker import kill_strays
 
     ours = os.getsid(0)
     zygotes = {box.proc.pid for box in _SANDBOXES.values() if box.alive}
-    for _ in range(1000):
-        strays = []
-        for pid in _children(os.getpid()):
-            try:
-                if pid not in zygotes and os.getsid(pid) != ours:
-                    strays.append(pid)
-            except OSError:
-                strays.append(pid)  # a zombie: reap it
-        if not strays:
-            return
-        for pid in strays:
-            _kill_group(pid)
-        for pid in strays:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+
+    def stray(pid: int) -> bool:
+        try:
+            return pid not in zygotes and os.getsid(pid) != ours
+        except OSError:
+            return True  # a zombie: reap it
+
+    kill_strays(stray)
 
 
 _SANDBOXES: dict[tuple[str, tuple[tuple[str, str], ...]], Sandbox] = {}

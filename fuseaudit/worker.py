@@ -31,7 +31,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 _CUDA_FATAL = ("illegal memory access", "illegal address", "device-side assert", "unspecified launch failure",
@@ -287,6 +287,24 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def kill_strays(is_stray: Callable[[int], bool]) -> None:
+    """Kill and reap this process's children for which ``is_stray`` holds, until none is left.
+
+    Their children come to us when they die (we are a subreaper), so each round finds the next generation.
+    """
+    for _ in range(1000):
+        strays = [pid for pid in _children(os.getpid()) if is_stray(pid)]
+        if not strays:
+            return
+        for pid in strays:
+            _kill_group(pid)
+        for pid in strays:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
 def _kill_group(pid: int) -> None:
     for kill in (os.killpg, os.kill):
         try:
@@ -375,17 +393,7 @@ class Zygote:
 
     def _sweep(self) -> None:
         """Kill and reap every child that is not a live worker, until none is left."""
-        for _ in range(1000):
-            strays = [c for c in _children(os.getpid()) if c not in self.workers]
-            if not strays:
-                return
-            for pid in strays:
-                _kill_group(pid)
-            for pid in strays:
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
+        kill_strays(lambda pid: pid not in self.workers)
 
 
 def zygote_main(ctrl_fd: int) -> None:
