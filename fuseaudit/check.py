@@ -157,9 +157,7 @@ def poisoned_allocations() -> Iterator[None]:
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:
     """A copy of every byte of ``t``'s storage, padding and offsets included."""
-    raw = torch.empty(0, dtype=torch.uint8, device=t.device)
-    raw.set_(t.untyped_storage())
-    return raw.clone()
+    return storage_view(t).clone()
 
 
 SUPPORTS_ATTRIBUTE = "fuseaudit_supports"
@@ -239,7 +237,7 @@ class InProcess:
 
     def call(self, spec: OpSpec, inputs: dict[str, torch.Tensor], params: dict[str, Any], *,
              keep: bool = False, same_buffers: bool = False) -> Called:
-        from .worker import describe_output, raised
+        from .worker import raised
 
         self._calls += 1
         if same_buffers and self._last is not None:
@@ -266,7 +264,7 @@ class InProcess:
         seconds = time.perf_counter() - start
         if keep:
             self._kept[self._calls] = list(got)
-        called = self._collect(spec, list(got), work, inputs, describe_output)
+        called = self._collect(spec, list(got), work, inputs)
         called.seconds, called.call_id = seconds, self._calls
         return called
 
@@ -289,15 +287,15 @@ class InProcess:
         return "ok", count.to_dict()
 
     def resend(self, spec: OpSpec, inputs: dict[str, torch.Tensor], call_id: int) -> Called:
-        from .worker import describe_output
-
-        return self._collect(spec, self._kept.get(call_id, []), {}, inputs, describe_output, check_inputs=False)
+        return self._collect(spec, self._kept.get(call_id, []), {}, inputs, check_inputs=False)
 
     def _collect(self, spec: OpSpec, got: list[Any], work: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
-                 describe: Callable[..., dict[str, Any]], check_inputs: bool = True) -> Called:
+                 check_inputs: bool = True) -> Called:
+        from .worker import describe_output
+
         slots = [torch.full(shape, math.nan, dtype=dtype, device=self.device) for dtype, shape in
                  output_slots(spec, inputs)]
-        metas = [describe(out, slots[i] if i < len(slots) else None, work) for i, out in enumerate(got)]
+        metas = [describe_output(out, slots[i] if i < len(slots) else None, work) for i, out in enumerate(got)]
         values = [slots[i] if i < len(slots) and m["copied"] else None for i, m in enumerate(metas)]
         changed = [n for n in work if check_inputs and not torch.equal(storage_view(work[n]), storage_view(inputs[n]))]
         return Called("ok", outputs=metas, values=values, changed=changed)
