@@ -470,7 +470,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         require_cuda()
     except TimingUnavailable as exc:
-        print(f"fuseaudit bench: cannot run: {exc}", file=sys.stderr)
+        print(f"fuseaudit bench: error: cannot run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     out = pathlib.Path(args.json or _default_json())
     try:  # fail before the sweep, not after it
@@ -483,7 +483,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         entries, meta = _run(the_plan, args)
     except TimingUnavailable as exc:
-        print(f"fuseaudit bench: cannot run: {exc}", file=sys.stderr)
+        print(f"fuseaudit bench: error: cannot run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     path = benchjson.write(out, benchjson.document(entries, fuseaudit=meta))
     table = format_table(entries)

@@ -1,9 +1,12 @@
-"""The ``fuseaudit`` command.
+"""Audit fused GPU kernels: right against eager PyTorch and a float64 oracle, really fused, and worth it.
 
 Each subcommand lives in its own module with ``add_arguments(parser)`` and
 ``main(args) -> int``; this module only wires them together.  Exit codes
 (DESIGN.md): 0 every property holds, 1 a target failed a property, 2 the
-command could not run (bad target, unknown op, wrong signature, bad option).
+command could not run (bad target, unknown op, wrong signature, bad option),
+3 inconclusive (a property checked on fewer cases than asked).  Every
+command reports an error as one line on stderr, ``fuseaudit COMMAND: error:
+...`` (:func:`usage_error`).
 """
 
 from __future__ import annotations
@@ -28,14 +31,29 @@ COMMANDS = {
 }
 
 
+EPILOG = ("Outputs, relative to the current directory: `fuseaudit run` writes reports/results-<device>.json and "
+          "reports/report-<device>.html (--out DIR for another folder); `fuseaudit report` reads "
+          "reports/results-*.json and writes the report beside them under the same name (--results, --out); "
+          "`fuseaudit bench` writes reports/bench-<time>.json (--json). "
+          "Exit codes: 0 every property holds, 1 a property failed, 2 the command could not run, "
+          "3 inconclusive. `fuseaudit COMMAND --help` gives each command's options.")
+
+
+def usage_error(command: str | None, message: str) -> int:
+    """Print ``fuseaudit COMMAND: error: MESSAGE`` (one line, stderr) and return the usage exit code, 2."""
+    prog = f"fuseaudit {command}" if command else "fuseaudit"
+    print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one clear line, exit 2
-        self.exit(EXIT_USAGE, f"fuseaudit: error: {message}\n")
+    def error(self, message: str) -> None:  # one clear line, exit 2, prefixed like every other error
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported (the others stay unloaded)."""
-    parser = _Parser(prog="fuseaudit", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="fuseaudit", description=__doc__.splitlines()[0], epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module, help_) in COMMANDS.items():
@@ -67,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     _start_worker_early(command, argv)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    args.argv = ["fuseaudit", *argv]  # the command as typed, for the results file's provenance
     return int(args._module.main(args))
 
 

@@ -64,11 +64,15 @@ def _cell(entry: dict[str, Any] | None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from .cli import usage_error
+
     unknown = [o for o in args.ops if o not in OPS]
     if unknown:
-        print(f"fuseaudit: error: unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}")
-        return 2
-    device = resolve_device(args.device)
+        return usage_error("launches", f"unknown op(s) {', '.join(unknown)}; known: {', '.join(OPS)}")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:  # --device cuda without one: one line, not a traceback
+        return usage_error("launches", str(exc))
     rows = launch_table(args.ops, device)
     print(f"{'op':<20} {'reference':>9} {'eager':>6} {'compile':>8}   kernels (reference | eager | compile)")
     for r in rows:

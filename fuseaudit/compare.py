@@ -129,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         base, new = load(args.base), load(args.new)
     except BenchJsonError as exc:
-        print(f"fuseaudit compare: {exc}", file=sys.stderr)
+        print(f"fuseaudit compare: error: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
     changes = compare(base, new, threshold=args.threshold / 100)
     print(format_changes(changes))

@@ -189,25 +189,46 @@ def _energy_mj(nv: Any, handle: Any) -> tuple[int | None, str | None]:
 
 
 # The energy counter advances in coarse steps: on the H200, windows well under
-# a second read up to 1283 W against a 700 W limit, while 1 s loops read
-# 114-738 W.  A shorter window is flagged; so is an average above the
-# enforced power limit by more than the margin, which cannot be a true figure.
+# a second read 0 W or up to 3075 W against a 700 W limit, while 1 s loops read
+# 114-738 W.  A reading is trusted only over a window of at least
+# MIN_ENERGY_SECONDS, with the counter moving forward, and an average no more
+# than POWER_LIMIT_MARGIN above the enforced power limit (the limit holds as an
+# average, so a loop may pass it by a little, never by a multiple).
 MIN_ENERGY_SECONDS = 1.0
 POWER_LIMIT_MARGIN = 1.1
 
 
-def _energy_doubt(nv: Any, handle: Any, *, seconds: float, watts: float | None) -> str | None:
-    """Why an energy reading over ``seconds`` should not be trusted, or None."""
+def energy_doubts(*, seconds: float | None, energy_j: float | None, watts: float | None,
+                  power_limit_w: float | None) -> list[str]:
+    """Why an energy reading should not be shown (empty: it is trustworthy).
+
+    One rule for the measurement (:class:`Sample` flags ``energy_suspect``)
+    and for the report, which applies it again to stored readings so that
+    files written under an older, laxer rule are judged the same way.
+    """
+    if energy_j is None:
+        return ["no energy counter reading"]
     reasons = []
-    if seconds < MIN_ENERGY_SECONDS:
-        reasons.append(f"window {seconds:.3f} s < {MIN_ENERGY_SECONDS} s: the counter is coarse over short windows")
+    if seconds is None or seconds < MIN_ENERGY_SECONDS:
+        window = "an unknown window" if seconds is None else f"a window of {seconds:.3f} s"
+        reasons.append(f"{window}, under {MIN_ENERGY_SECONDS:g} s: the energy counter advances in steps "
+                       f"too coarse for it")
+    if energy_j < 0:
+        reasons.append("the energy counter went backwards (reset or wrapped)")
+    elif energy_j == 0:
+        reasons.append("the energy counter did not advance over the window")
+    if power_limit_w is None or not power_limit_w > 0:
+        reasons.append("no power limit recorded to check the average against")
+    elif watts is not None and watts > POWER_LIMIT_MARGIN * power_limit_w:
+        reasons.append(f"an average of {watts:.0f} W, above the card's {power_limit_w:.0f} W power limit")
+    return reasons
+
+
+def _power_limit_w(nv: Any, handle: Any) -> float | None:
     try:
-        limit = nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+        return nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
     except Exception:
-        limit = None
-    if watts is not None and limit and watts > POWER_LIMIT_MARGIN * limit:
-        reasons.append(f"average {watts:.0f} W above the {limit:.0f} W power limit")
-    return "; ".join(reasons) or None
+        return None
 
 
 class Sample:
@@ -240,13 +261,15 @@ class Sample:
         e1, reason1 = _energy_mj(nv, handle)
         result = self.result
         result.update(available=True, index=self.device_index, seconds=seconds)
+        limit = _power_limit_w(nv, handle)
+        result["power_limit_w"] = limit
         if e0 is not None and e1 is not None:
             joules = (e1 - e0) / 1e3
             result["energy_j"] = joules
             result["avg_watts"] = joules / seconds if seconds > 0 else None
-            doubt = _energy_doubt(nv, handle, seconds=seconds, watts=result["avg_watts"])
-            if doubt:
-                result["energy_suspect"] = doubt
+            doubts = energy_doubts(seconds=seconds, energy_j=joules, watts=result["avg_watts"], power_limit_w=limit)
+            if doubts:
+                result["energy_suspect"] = "; ".join(doubts)
         else:
             result["energy_j"] = result["avg_watts"] = None
             result["energy_reason"] = reason or reason1
@@ -262,9 +285,9 @@ def sample(device_index: int = 0) -> Sample:
     ``energy_j`` and ``avg_watts`` come from the energy counter (millijoules
     since driver load) read before and after; the caller synchronises the
     device inside the block so the work is really over.  ``seconds`` is the
-    wall clock of the block; ``energy_suspect`` says why a reading should not
-    be trusted (a window under :data:`MIN_ENERGY_SECONDS`, an average above
-    the power limit).  Clocks, power and throttle reasons are read at
+    wall clock of the block; ``power_limit_w`` the enforced limit;
+    ``energy_suspect`` says why the reading should not be trusted
+    (:func:`energy_doubts`).  Clocks, power and throttle reasons are read at
     the end, while the GPU is still warm.  NVML missing or failing:
     ``{"available": False, "reason": ...}``; the block runs either way.  The
     returned object keeps the dict as ``.result``, so it can also be handed

@@ -17,7 +17,8 @@ interrupted run keeps what it did), in this order:
    target the device has (:func:`~fuseaudit.builtin_targets.available_targets`:
    ``torch.compile`` and the SDPA backends); last, so that under a
    ``--time-limit`` speed comes before third-party correctness.
-6. the HTML report (:mod:`fuseaudit.report`), ``reports/report-<device>.html``.
+6. the HTML report (:mod:`fuseaudit.report`), ``reports/report-<device>.html``
+   (``--out DIR``: both files in ``DIR``; relative to the current directory).
 
 Defaults fit a fresh 2-core CPU machine in two to four minutes (attention,
 slowest under the interpreter, gets the fewest examples).  On a GPU the run
@@ -53,7 +54,7 @@ from typing import Any
 
 from . import results
 from .catalog import OPS
-from .cli import EXIT_USAGE
+from .cli import usage_error
 
 # examples per audit: (row ops, attention) per device; built-in targets recompile per shape, so fewer
 DEFAULT_EXAMPLES = {"cpu": (40, 12), "cuda": (30, 20)}
@@ -93,7 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "not fit are recorded as not run (default: none)")
     parser.add_argument("--workers", "--gpus", type=int, default=1, metavar="N",
                         help="audits run at once, each in its own child; on CUDA one GPU each (default 1)")
-    parser.add_argument("--out", default="reports", metavar="DIR", help="where results and report go (reports/)")
+    parser.add_argument("--out", default="reports", metavar="DIR",
+                        help="the folder of DIR/results-<device>.json and DIR/report-<device>.html (default: "
+                             "reports/ under the current directory)")
     parser.add_argument("--results", default=None, metavar="PATH",
                         help="results JSON (default: DIR/results-<device>.json)")
     parser.add_argument("--resume", action="store_true",
@@ -339,7 +342,7 @@ class _Run:
         self.start = time.monotonic()
         limit = options["time_limit"]
         self.deadline = None if limit is None else self.start + limit
-        self.doc = results.new_document(device, argv=sys.argv, options=options,
+        self.doc = results.new_document(device, argv=getattr(args, "argv", None) or sys.argv, options=options,
                                         environment=results.environment(device))
         self.old = _resumed(path, device) if args.resume else None
         self.kept = {(a["op"], a["target"]): a for a in (self.old or {}).get("audits", [])
@@ -490,11 +493,12 @@ def main(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         options = _options(args, device)
     except ValueError as exc:
-        print(f"fuseaudit run: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("run", str(exc))
+    from .report import report_name, results_name
+
     out_dir = pathlib.Path(args.out)
-    path = pathlib.Path(args.results) if args.results else out_dir / f"results-{device}.json"
-    html = out_dir / f"report-{device}.html"
+    path = pathlib.Path(args.results) if args.results else out_dir / results_name(device)
+    html = out_dir / report_name([device])
     try:
         for d in {path.parent, html.parent}:
             d.mkdir(parents=True, exist_ok=True)
@@ -502,22 +506,17 @@ def main(args: argparse.Namespace) -> int:
             probe.write_text("")
             probe.unlink()
     except OSError as exc:
-        print(f"fuseaudit run: error: cannot write to {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("run", f"cannot write to {exc.filename}: {exc.strerror}")
     try:
         doc = run(args, device, options, path)
     except KeyboardInterrupt:
-        print(f"fuseaudit run: interrupted; what was done is in {path} (fuseaudit report --results {path})",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("run", f"interrupted; what was done is in {path} (fuseaudit report --results {path})")
     from .report import render
 
     try:
-        render([doc], html)
+        render([doc], html, sources=[path])
     except Exception as exc:
-        print(f"fuseaudit run: error: the report could not be written: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("run", f"the report could not be written: {type(exc).__name__}: {exc}")
     summary = doc["summary"]
     verdict = "every reference kernel passed every property" if summary["passed"] else (
         "FAILED: " + "; ".join(f"{f['op']} ({', '.join(f.get('properties') or [f.get('message', '')])})"

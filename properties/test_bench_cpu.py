@@ -243,14 +243,16 @@ def test_nvml_failing_queries_become_reasons(monkeypatch):
     assert "window" in s["energy_suspect"]  # a block of microseconds: the counter cannot resolve it
 
 
-def test_energy_readings_are_doubted_when_short_or_above_the_power_limit():
-    class Nv:
-        def nvmlDeviceGetEnforcedPowerLimit(self, handle):
-            return 700_000  # milliwatts
+def test_energy_readings_are_doubted_when_short_backwards_or_above_the_power_limit():
+    def doubts(seconds=2.0, energy_j=1300.0, limit=700.0):
+        return " ".join(nvml.energy_doubts(seconds=seconds, energy_j=energy_j, watts=energy_j / seconds,
+                                           power_limit_w=limit))
 
-    assert nvml._energy_doubt(Nv(), 0, seconds=2.0, watts=650.0) is None
-    assert "window 0.200 s" in nvml._energy_doubt(Nv(), 0, seconds=0.2, watts=650.0)
-    assert "above the 700 W power limit" in nvml._energy_doubt(Nv(), 0, seconds=2.0, watts=1283.0)
+    assert doubts() == ""
+    assert "window of 0.200 s" in doubts(seconds=0.2, energy_j=130.0)
+    assert "above the card's 700 W power limit" in doubts(energy_j=2566.0)
+    assert "backwards" in doubts(energy_j=-5.0) and "did not advance" in doubts(energy_j=0.0)
+    assert "no power limit" in doubts(limit=None)
 
 
 def test_throttle_reasons_decoded():

@@ -17,12 +17,15 @@ import random
 import re
 import shutil
 import subprocess
+from html import escape
+from html import unescape as html_unescape
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fuseaudit import benchjson, report, report_view, results, runner
+from fuseaudit import benchjson, nvml, report, report_provenance, report_text, report_view, results, runner
 from fuseaudit.case import Case
 from fuseaudit.catalog import OPS
 from fuseaudit.cli import main as cli_main
@@ -296,6 +299,55 @@ def test_report_opens_in_headless_chromium_without_errors(tmp_path: Path, synthe
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+_PROBE = """<!DOCTYPE html><html><body><pre id="out">pending</pre>
+<iframe id="r" src="%s" width="1400" height="900"></iframe>
+<script>
+document.getElementById("r").onload = () => {
+  const d = document.getElementById("r").contentDocument;
+  const answers = [...d.querySelectorAll(".answer")].map(a => ({
+    label: a.querySelector(".q").textContent,
+    parts: [...a.querySelectorAll("span:not(.q)")].map(s => [s.textContent, getComputedStyle(s).color])}));
+  const cells = [...d.querySelectorAll("td")].map(td => ({
+    section: td.closest("section") ? td.closest("section").id : "",
+    text: td.innerText.trim(), titled: !!(td.title || td.querySelector("[title]"))}));
+  document.getElementById("out").textContent = JSON.stringify({answers, cells});
+};
+</script></body></html>"""
+GREEN, RED = "rgb(19, 115, 51)", "rgb(179, 38, 30)"  # --pass and --fail of the page's CSS
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_in_a_browser_the_headline_answers_in_order_and_no_cell_with_data_shows_a_dash(tmp_path: Path,
+                                                                                       issue_page) -> None:
+    """What Chromium renders: the three answers in order, their colours, every table cell's text.
+
+    A probe page (the report itself has no script) frames the report and
+    reads the rendered text and computed colours; Chromium prints its DOM.
+    """
+    _, page = issue_page
+    probe = tmp_path / "probe.html"
+    probe.write_text(_PROBE % page.resolve().as_uri())
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--allow-file-access-from-files",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom",
+           probe.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="out">(.*?)</pre>', proc.stdout, re.S)
+    assert found and found.group(1) != "pending", proc.stderr[-2000:]
+    seen = json.loads(html_unescape(found.group(1)))
+    assert [a["label"] for a in seen["answers"]] == ["Right?", "Fused?", "Worth it?"]
+    colour = {text: rgb for a in seen["answers"] for text, rgb in a["parts"]}
+    assert colour["fused 0.75× at batch 1"] == RED and colour["compile 1.29× at batch 1"] == GREEN
+    assert colour["2.40× vs eager"] == GREEN and colour["11 of 11 reference kernels launch the expected number of "
+                                                           "kernels per call"] == GREEN
+    targets = [rgb for text, rgb in colour.items() if "points moving" in text or "points timed" in text]
+    assert len(targets) == 2 and RED not in targets, "a target is a goal, not a failure"
+    headline = [c for c in seen["cells"] if c["section"] == "headline"]
+    assert len(headline) == 9 * len(OPS) and not [c for c in headline if c["text"] in ("–", "-", "")]
+    blank = [c for c in seen["cells"] if "–" in c["text"].split() and not c["titled"]]
+    assert not blank, blank[:5]
+
+
 def test_merged_cpu_and_gpu_results(tmp_path: Path, cpu_run: tuple[int, Path]) -> None:
     gpu = results.write(tmp_path / "results-cuda.json", synthetic_results())
     out = tmp_path / "index.html"
@@ -347,8 +399,246 @@ def test_report_targets_from_the_command_line(tmp_path: Path, capsys) -> None:
                      "--target-copy", "92", "--target-compile", "1"]) == 0
     html = out.read_text(encoding="utf-8")
     assert "<h3>Targets</h3>" in html and "92% of copy</b>" in html and "1× torch.compile</b>" in html
-    assert html.count("<b>Target:</b>") == 2
+    assert "target 92% of copy: " in html and "target 1× torch.compile: " in html  # in the headline's "Worth it?"
     assert cli_main(["report", "--results", str(stored), "--out", str(out)]) == 0
     assert "<h3>Targets</h3>" not in out.read_text(encoding="utf-8"), "no targets given: no section"
     assert cli_main(["report", "--results", str(stored), "--out", str(out), "--target-compile", "0"]) == 2
     assert "torch.compile target" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# Every figure right, or absent with a reason
+# ---------------------------------------------------------------------------
+
+POINTWISE = ("bias_gelu", "bias_silu", "residual_bias_gelu", "swiglu", "geglu")
+BIG = "rows=16384 N=8192"  # the synthetic sweep's largest point
+DEMANGLED = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+             "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::"
+             "{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&)::{lambda(int)#1}>(int, at::native::"
+             "gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>)")
+JOURNAL_WORD = "SENTINEL-JOURNAL-WORD"
+
+
+def _nvml(seconds: float, watts: float, **extra: Any) -> dict[str, Any]:
+    return {"available": True, "seconds": seconds, "energy_j": watts * seconds, "avg_watts": watts,
+            "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "temperature_c": 50, "throttle_reasons": [], **extra}
+
+
+def issue_results() -> dict[str, Any]:
+    """The committed H200 file's traps, small: figures the report must derive, doubt or explain.
+
+    Suite-style points without speed-ups or peak savings (the five pointwise
+    ops), an attention point whose reference peaks above eager, no sweep-wide
+    copy bandwidth, NVML windows of 15 ms (0 W, 3075 W) beside 1 s loops (one
+    within the 700 W limit, one at 1283 W), a launch failure listing a
+    demangled C++ name, passing cases of 1.61e7 and 2e4 ulps, a command that
+    turned bench and e2e off although both sections hold data, a long journal
+    as the bench step's note, and a fused decode step slower than eager.
+    """
+    doc = synthetic_results()
+    doc["argv"] = ["/opt/venv/bin/fuseaudit", "run", "--device", "cuda", "--no-bench", "--no-e2e"]
+    doc["options"] = {"bench": False, "e2e": False}
+    doc["environment"]["git_commit"] = "abc1234"
+    doc["bench"]["message"] = "A session's journal. " * 400 + JOURNAL_WORD
+    doc["e2e"]["message"] = "from `fuseaudit e2e --layers 8 --cuda-graphs` on another H200"
+    bench = doc["bench"]["document"]
+    bench["fuseaudit"].pop("copy_gbps")
+    for b in bench["benchmarks"]:
+        info, impl = b["extra_info"], b["params"]["impl"]
+        if info["op"] in POINTWISE:
+            for key in ("speedup_vs_eager", "speedup_vs_compile", "peak_saved_vs_eager_bytes"):
+                info.pop(key, None)
+        if info["point"] != BIG:
+            continue
+        if info["op"] == "attention":
+            info.pop("peak_saved_vs_eager_bytes", None)
+            info["memory"] = ({"peak_extra_bytes": 1_662_976, "temporaries_bytes": 1_597_440} if impl == "reference"
+                              else {"peak_extra_bytes": 599_552, "temporaries_bytes": 534_016})
+        info["nvml"] = _nvml(0.015, 3075.0 if impl == "reference" else 0.0)
+        if impl == "reference":
+            info["energy_loop"] = _nvml(1.2, 600.0, calls=4000, energy_per_call_uj=180_000.0)
+        elif impl == "compile":
+            info["energy_loop"] = _nvml(1.1, 1283.0, calls=4000, energy_per_call_uj=352_825.0)
+    for g in doc["e2e"]["document"]["gains"]:
+        if g["variant"] == "fused" and g["batch"] == 1:
+            g["tpot_gain"] = 0.75
+    builtin = next(a for a in doc["audits"] if a["kind"] == "builtin" and a["status"] == "done")
+    summary = f"one call launched 3 kernel(s), expected 1: {DEMANGLED}, {DEMANGLED}, fmha_cutlassF_f32_sm80"
+    builtin["result"]["properties"]["launches"] = {"status": "FAIL", "summary": summary, "failures": [
+        {"message": summary, "source": "launches", "case": builtin["cases"][0]["case"], "describe": "a case",
+         "replay": "fuseaudit audit ...", "comparisons": []}]}
+    builtin["verdicts"]["launches"], builtin["passed"], builtin["exit_code"] = "FAIL", False, 1
+    for op, ulp, eager_ulp in (("rms_norm", 1.61e7, 1.5e7), ("layer_norm", 2.0e4, 5.0)):
+        audit = next(a for a in doc["audits"] if a["op"] == op and a["kind"] == "reference")
+        case = next(c for c in audit["cases"] if c["dtype"] == "float32")
+        case["outputs"][0].update(max_ulp_err=ulp, eager_max_ulp_err=eager_ulp, margin=0.4, passed=True)
+    return doc
+
+
+class _Cells(HTMLParser):
+    """Every table cell of a page: its section id, its text, and whether it or a child carries a title."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.section, self.cells, self._cell = "", [], None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "section":
+            self.section = a.get("id") or ""
+        if tag == "td":
+            self._cell = {"section": self.section, "text": "", "title": bool(a.get("title"))}
+        elif self._cell is not None and a.get("title"):
+            self._cell["title"] = True
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell["text"] += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._cell is not None:
+            self._cell["text"] = " ".join(self._cell["text"].split())
+            self.cells.append(self._cell)
+            self._cell = None
+
+
+def cells_of(html: str) -> list[dict[str, Any]]:
+    parser = _Cells()
+    parser.feed(html)
+    return parser.cells
+
+
+@pytest.fixture(scope="module")
+def issue_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """The view and the page of :func:`issue_results`, written beside its results file and a README."""
+    folder = tmp_path_factory.mktemp("issue") / "h200"
+    stored = results.write(folder / "results-cuda.json", issue_results())
+    (folder / "README.md").write_text("notes\n")
+    doc = results.load(stored)
+    out = folder.parent / "report-h200.html"
+    goals = report_view.Goals(copy_pct=92, compile_ratio=1.0)
+    view = report_view.build([doc], goals, sources=[stored], out=out)
+    return view, report.render([doc], out, goals, sources=[stored])
+
+
+def test_every_cell_with_data_shows_its_figure_and_every_dash_says_why(issue_page) -> None:
+    view, page = issue_page
+    for row in view["headline"]:  # suite-style points get their speed-ups from the times beside them
+        assert "–" not in (row["vs_eager"]["text"], row["vs_compile"]["text"], row["roofline"]["text"],
+                           row["memory"]["text"]), row["op"]
+    assert {r["op"] for r in view["speed"]["memory"]} == set(OPS)
+    for m in view["speed"]["memory"]:
+        assert "–" not in (m["peak_ref"]["text"], m["peak_eager"]["text"], m["saved"]["text"]), m["op"]
+    attention = next(m for m in view["speed"]["memory"] if m["op"] == "attention")
+    assert attention["saved"]["text"] == "−1.01 MiB" and "temporaries of its own" in attention["saved"]["title"]
+    assert view["speed"]["copy_bw"] == "4000 GB/s"  # from the records, the sweep-wide figure being absent
+    html = page.read_text(encoding="utf-8")
+    assert "(– GB/s)" not in html and "bandwidth, 4000 GB/s" in html
+    cells = cells_of(html)
+    assert len(cells) > 500
+    blank = [c for c in cells if "–" in c["text"].split() and not c["title"]]
+    assert not blank, blank[:5]
+
+
+def test_nvml_power_and_energy_only_where_the_reading_is_trustworthy(issue_page) -> None:
+    view, _ = issue_page
+    rows = [r for r in view["speed"]["power"] if r["op"] == "rms_norm"]
+    by = {r["impl"]: r for r in rows}
+    assert by["reference"]["watts"] == "600" and by["reference"]["energy"] == "1.8e+05"  # a 1.2 s loop, 600 W
+    assert by["compile"]["watts"] == "–" and "above the card's 700 W power limit" in by["compile"]["why"]
+    assert by["eager"]["watts"] == "–" and "under 1 s" in by["eager"]["why"]  # a 15 ms window
+    assert "did not advance" in by["eager"]["why"]
+    assert not any(r["watts"] in ("3075", "1283", "0") for r in view["speed"]["power"])
+    summary = view["speed"]["power_summary"]
+    assert summary.startswith("power 600 W over 11 back-to-back loop(s)"), summary
+    assert "3075" not in summary and "1283" not in summary and "readings not shown" in summary
+    assert nvml.energy_doubts(seconds=1.2, energy_j=720.0, watts=600.0, power_limit_w=700.0) == []
+
+
+def test_kernel_names_are_shortened_with_the_full_name_on_hover(issue_page) -> None:
+    _, page = issue_page
+    html = page.read_text(encoding="utf-8")
+    short = report_text.short_kernel(DEMANGLED)
+    assert short == "elementwise_kernel[gpu_kernel_impl_nocast]"
+    assert f'<code class="kernel" title="{escape(DEMANGLED)}">{short}</code>' in html
+    assert '<code class="kernel" title="fmha_cutlassF_f32_sm80">fmha_cutlassF_f32_sm80</code>' in html
+    visible = re.sub(r'title="[^"]*"', "", html)
+    assert "at::native::" not in visible, "a demangled name is shown outside a title"
+    assert report_text.split_names("a<1, 2>(x, y), b") == ["a<1, 2>(x, y)", "b"]
+    assert report_text.split_names("operator< a, b") is None  # unbalanced: kept whole, never cut in two
+
+
+def test_headline_answers_right_fused_worth_it_in_order_with_one_colour_rule(issue_page) -> None:
+    view, page = issue_page
+    questions = view["questions"]
+    assert [q["label"] for q in questions] == ["Right?", "Fused?", "Worth it?"]
+    right, fused, worth = questions
+    assert right["parts"][0]["cls"] == "bad" and "softmax" in right["parts"][0]["text"]  # softmax's audit fails
+    assert fused["cls"] == "good"
+    parts = {p["text"]: p["cls"] for p in worth["parts"] if p["text"]}
+    assert parts["fused 0.75× at batch 1"] == "bad", "slower than eager is red"
+    assert parts["compile 1.29× at batch 1"] == "good" and parts["2.40× vs eager"] == "good"
+    targets = {text: cls for text, cls in parts.items() if "points moving" in text or "points timed" in text}
+    assert len(targets) == 2 and "bad" not in targets.values(), "a target is a goal, not a failure"
+    assert [report_view.speed_cls(x) for x in (0.75, 0.96, 1.0, 1.04, 1.3, None)] == ["bad", "", "", "", "good", ""]
+    html = page.read_text(encoding="utf-8")
+    assert html.index(">Right?<") < html.index(">Fused?<") < html.index(">Worth it?<") < html.index('id="headline"')
+    assert '<span class="bad">fused 0.75× at batch 1</span>' in html
+
+
+def test_provenance_names_the_command_of_each_section_in_a_few_lines(issue_page) -> None:
+    view, page = issue_page
+    pv = view["provenance"][0]
+    lines = dict(pv["lines"])
+    assert lines["commit"].startswith("abc1234") and "NVIDIA H200" in lines["device"] and "UTC" in lines["date"]
+    assert pv["data"]["href"] == "h200/results-cuda.json" and pv["notes"]["href"] == "h200/README.md"
+    sections = {s["section"]: s for s in pv["sections"]}
+    assert sections["audits"]["command"] == "fuseaudit run --device cuda --no-bench --no-e2e"
+    assert sections["bench"]["command"] is None and "--no-bench" in sections["bench"]["why"]
+    assert sections["e2e"]["command"] == "fuseaudit e2e --layers 8 --cuda-graphs"
+    assert sections["bench"]["note"]["cut"] and sections["bench"]["note"]["words"] > 1000
+    html = page.read_text(encoding="utf-8")
+    assert JOURNAL_WORD not in html and "A session&#39;s journal" not in html, "a long note is pointed to, not inlined"
+    assert report_provenance.command_line(["/x/bin/fuseaudit", "audit", "a b"]) == "fuseaudit audit 'a b'"
+
+
+def test_a_large_passing_ulp_count_says_why_beside_it(issue_page) -> None:
+    view, page = issue_page
+    rows = {t["op"]: t for t in view["tolerance"]["table"] if t["kind"] == "reference"}
+    assert rows["rms_norm"]["dtypes"]["float32"]["ulp"] == "1.61e+07"
+    assert rows["rms_norm"]["dtypes"]["float32"]["note"]["text"] == "eager as far off"
+    assert rows["layer_norm"]["dtypes"]["float32"]["note"]["text"] == "near-zero elements"
+    assert rows["swiglu"]["dtypes"]["float32"]["note"] is None  # a few ulps need no word
+    html = page.read_text(encoding="utf-8")
+    assert re.search(r"1\.61e\+07 <span class=\"muted\">\(1\.5e\+07\)</span> <span class=\"why\" title=\"eager", html)
+
+
+def test_run_and_report_name_their_outputs_alike(tmp_path: Path, capsys) -> None:
+    """A folder stands for its results files; the report beside them is named as `fuseaudit run` names it."""
+    folder = tmp_path / "out"
+    for device in ("cuda", "cpu"):  # empty runs: the names are the point, not the figures
+        doc = results.new_document(device, argv=["fuseaudit", "run"], options={}, environment={})
+        results.write(folder / report.results_name(device), doc)
+        (folder / "results-cuda-archive.json.gz").write_bytes(b"")  # archives are not picked up
+        assert cli_main(["report", "--results", str(folder)]) == 0
+    assert (folder / "report-cpu-cuda.html").is_file() and report.report_name(["cuda"]) == "report-cuda.html"
+    assert cli_main(["report", "--results", str(folder / "results-cuda.json")]) == 0
+    assert (folder / "report-cuda.html").is_file()
+    capsys.readouterr()
+    (tmp_path / "empty").mkdir()
+    assert cli_main(["report", "--results", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.startswith("fuseaudit report: error: no results files")
+
+
+def test_every_command_prefixes_its_errors_alike(capsys) -> None:
+    from fuseaudit.cli import build_parser
+
+    assert "fused GPU kernels" in build_parser().description and "``" not in build_parser().description
+    assert "current directory" in build_parser().epilog
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["audit"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith("fuseaudit audit: error: ")
+    assert cli_main(["launches", "--ops", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("fuseaudit launches: error: unknown op(s) nope")
+    assert cli_main(["run", "--device", "cpu", "--examples", "0"]) == 2
+    assert capsys.readouterr().err.startswith("fuseaudit run: error: --examples must be")
