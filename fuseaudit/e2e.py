@@ -44,6 +44,9 @@ oracle's decode step must equal a re-prefill of prompt + token.
 Exit status: 0 every variant agrees; 1 a variant disagrees or failed to run;
 2 bad options.
 
+``--model hf-llama`` / ``hf-gpt2`` measures a Hugging Face transformers model
+with the ops swapped in instead of this stack: :mod:`fuseaudit.e2e_hf`.
+
 JSON (``--json``, default ``reports/e2e.json``; rewritten after every
 measurement, so a run cut short keeps what it measured)::
 
@@ -126,12 +129,16 @@ NOTES = [
 # ---------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=("own", "hf-llama", "hf-gpt2"), default="own",
+                        help="own: this project's Llama-style stack; hf-*: a transformers model with the ops "
+                             "swapped in (fuseaudit.e2e_hf; needs the 'e2e' extra)")
     parser.add_argument("--config", choices=("default", "tiny"), default=None,
                         help="model shape (default: 'default' on a GPU, 'tiny' on the CPU)")
     parser.add_argument("--layers", type=int, default=None, help="override the config's number of layers")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (GPU default 1,8,64)")
     parser.add_argument("--prompt-len", type=int, default=None, help="prompt length (GPU default 512, CPU 8)")
-    parser.add_argument("--variants", default="eager,fused,compile", help="comma-separated: eager,fused,compile")
+    parser.add_argument("--variants", default="eager,fused,compile",
+                        help="comma-separated: eager,fused,compile (hf models: also target, implied by --target)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="also time the decode step replayed from a CUDA graph")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -143,7 +150,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-s", type=float, default=None,
                         help="skip the measurements left once this many seconds have passed (results so far kept)")
-    parser.add_argument("--json", default="reports/e2e.json", metavar="PATH", help="where to write the results")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="where to write the results (default reports/e2e.json, reports/e2e-MODEL.json for hf-*)")
+    from .e2e_hf import add_arguments as add_hf_arguments
+
+    add_hf_arguments(parser)
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -531,7 +542,16 @@ def _write(report: dict[str, Any], path: pathlib.Path) -> None:
 def main(args: argparse.Namespace) -> int:
     from .profiles import resolve_device
 
+    if args.model != "own":
+        from .e2e_hf import main as hf_main
+
+        return hf_main(args)
     try:
+        hf_only = [o for o, given in (("--target", args.target), ("--gen-tokens", args.gen_tokens is not None),
+                                      ("--profile-batch", args.profile_batch is not None),
+                                      ("--no-profile", args.no_profile)) if given]
+        if hf_only:
+            raise ValueError(f"{', '.join(hf_only)}: only with --model hf-llama or hf-gpt2")
         device = resolve_device(args.device)  # before any kernel module is imported
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
         from .model import VARIANTS, describe_params, get_config
@@ -565,7 +585,7 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     over_budget = lambda: args.budget_s is not None and time.monotonic() - t0 > args.budget_s
     dtype = getattr(torch, args.dtype)
-    path = pathlib.Path(args.json)
+    path = pathlib.Path(args.json or "reports/e2e.json")
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
