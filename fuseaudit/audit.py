@@ -53,6 +53,7 @@ from typing import Any, Callable
 from .audit_result import AuditResult, assemble
 from .case import DTYPES, LAYOUTS, Case
 from .catalog import OpSpec, get_op
+from .cli import usage_error
 from .jsonio import write_json
 from .judge import AuditJob, Judge, environment
 from .strategies import SIZE_PROFILES
@@ -87,6 +88,7 @@ def audit(
     progress: bool = False,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     env: dict[str, str] | None = None,
+    sanitize: bool | str | Sequence[str] = False,
 ) -> AuditResult:
     """Audit ``target`` (``module:function``, ``file.py:function`` or ``builtin:NAME``) as op ``op``.
 
@@ -101,7 +103,9 @@ def audit(
     calls the target in this process; ``progress`` shows progress on stderr;
     ``on_event`` receives every event of the judge as it comes (``fuseaudit
     run`` draws its progress and its per-case figures from them); ``env``
-    extra environment variables of the worker (a GPU's ``CUDA_VISIBLE_DEVICES``).
+    extra environment variables of the worker (a GPU's ``CUDA_VISIBLE_DEVICES``);
+    ``sanitize`` runs the edge cases and the minimal failing cases again under
+    compute-sanitizer (True: every tool; or tool names, :mod:`fuseaudit.sanitize`).
     """
     start = time.perf_counter()
     spec = _get_op(op)
@@ -115,6 +119,9 @@ def audit(
     job, declared, min_timeout = _job(spec, target, device=device, examples=examples, seed=seed, launches=launches,
                                       case=case, dtypes=dtypes, contiguous_only=contiguous_only,
                                       head_dims=head_dims, profile=profile)
+    if sanitize:
+        job.sanitize = _sanitize_tools(sanitize)
+        job.phases.append("sanitize")
     timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
     if not timeout > 0:
         raise AuditUsageError(f"--timeout must be positive, got {timeout}")
@@ -208,6 +215,16 @@ def _device(device: str) -> str:
         return resolve_device(device)
     except ValueError as exc:
         raise AuditUsageError(str(exc)) from None
+
+
+def _sanitize_tools(sanitize: bool | str | Sequence[str]) -> list[str]:
+    from .sanitize import parse_tools
+
+    text = "" if sanitize is True else sanitize if isinstance(sanitize, str) else ",".join(sanitize)
+    try:
+        return parse_tools(text)
+    except ValueError as exc:
+        raise AuditUsageError(f"--sanitize: {exc}") from None
 
 
 def _split(values: Sequence[Any] | None) -> list[str]:
@@ -401,6 +418,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size bounds of drawn cases (default: gpu on CUDA, ci on the CPU)")
     parser.add_argument("--shrink-time", type=float, default=DEFAULT_SHRINK_S, metavar="SECONDS",
                         help=f"stop shrinking this long after the first failure (default {DEFAULT_SHRINK_S:g})")
+    parser.add_argument("--sanitize", nargs="?", const="", default=None, metavar="TOOLS",
+                        help="also run the edge cases and the minimal failing cases under compute-sanitizer "
+                             "(CUDA): memcheck,initcheck,racecheck (default: all three)")
     parser.add_argument("--in-process", action="store_true",
                         help="run the target in this process (debugging; no protection from hangs or crashes)")
 
@@ -413,10 +433,11 @@ def main(args: argparse.Namespace) -> int:
             launches=args.launches, case=args.case, timeout=args.timeout, dtypes=args.dtypes,
             contiguous_only=args.contiguous_only, head_dims=args.head_dims, profile=args.profile,
             shrink_time=args.shrink_time, isolate=not args.in_process, progress=True,
+            sanitize=False if args.sanitize is None else (args.sanitize or True),
         )
     except AuditUsageError as exc:
         message = " ".join(str(exc).split())  # one line
-        print(f"fuseaudit audit: error: {message}", file=sys.stderr)
+        usage_error("audit", message)
         if args.json:
             _write_json(args.json, {"op": args.op, "target": args.target, "exit_code": EXIT_USAGE,
                                     "error": message})
@@ -432,6 +453,6 @@ def _write_json(path: str, data: dict[str, Any]) -> bool:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_json(path, data)
     except OSError as exc:
-        print(f"fuseaudit audit: error: cannot write --json {path}: {exc.strerror or exc}", file=sys.stderr)
+        usage_error("audit", f"cannot write --json {path}: {exc.strerror or exc}")
         return False
     return True

@@ -19,6 +19,11 @@ property a verdict:
 ``determinism``
     FAIL when two calls on the same inputs differ in any bit; INCONCLUSIVE
     when no case could be compared.
+``memory`` (only with ``--sanitize``)
+    FAIL when compute-sanitizer reports an error inside a call of the
+    target; PASS when every tool ran every case without one; INCONCLUSIVE
+    when a tool stopped short; SKIP (with the reason) on the CPU or where
+    the tool is absent.
 
 A property checked on no case is never held.  Exit code: 1 on any FAIL,
 else 3 on any INCONCLUSIVE, else 0.
@@ -35,7 +40,7 @@ from .check import PROPERTIES
 from .jsonio import jsonable
 from .judge import AuditJob
 
-ALL_PROPERTIES = (*PROPERTIES, "launches", "determinism")
+ALL_PROPERTIES = (*PROPERTIES, "launches", "determinism", "memory")  # memory: only with --sanitize
 PASS, FAIL, SKIP, INCONCLUSIVE = "PASS", "FAIL", "SKIP", "INCONCLUSIVE"
 
 
@@ -252,6 +257,47 @@ def _determinism_verdict(job: AuditJob, events: list[dict[str, Any]]) -> Verdict
     return Verdict("determinism", INCONCLUSIVE, "not compared: no drawn case ran")
 
 
+def _memory_verdict(job: AuditJob, events: list[dict[str, Any]]) -> Verdict:
+    """compute-sanitizer's findings inside the target's calls, one record per finding and case."""
+    found = [e for e in events if e["event"] == "sanitize"]
+    skipped = [e for e in found if e["status"] == "skip"]
+    if skipped or not found:
+        return Verdict("memory", SKIP, skipped[0]["reason"] if skipped else "not run")
+    runs = [e["run"] for e in found]
+    cases = found[0]["cases"]
+    records, outside = [], []
+    for run in runs:
+        by_case: dict[int, list[str]] = {}
+        for f in run["findings"]:
+            if f["case"] is None:
+                outside.append(f)
+            else:
+                by_case.setdefault(f["case"], []).append(_finding_line(f))
+        for index, lines in sorted(by_case.items()):  # one record per case and tool
+            case = cases[index]
+            more = f" (and {len(lines) - 1} more finding(s), see --json)" if len(lines) > 1 else ""
+            records.append(FailureRecord(message=lines[0] + more, source=run["tool"], case=case,
+                                         describe=Case.from_json(case).describe(),
+                                         replay=f"{_replay(job, case)} --sanitize {run['tool']}"))
+    tools = ", ".join(r["tool"] for r in runs)
+    detail = {"runs": runs, "outside_target": [_finding_line(f) for f in outside]}
+    if records:
+        failing = len({r.case for r in records})
+        return Verdict("memory", FAIL, records[0].message, len(cases), failing, records, detail=detail)
+    short = [r for r in runs if r["problem"]]
+    if short:
+        return Verdict("memory", INCONCLUSIVE, f"{short[0]['tool']}: {short[0]['problem']}", len(cases),
+                       detail=detail)
+    note = f"; {len(outside)} outside the target's calls (see --json)" if outside else ""
+    return Verdict("memory", PASS, f"no error from {tools} on {len(cases)} case(s){note}", len(cases), detail=detail)
+
+
+def _finding_line(f: dict[str, Any]) -> str:
+    from .sanitize import Finding
+
+    return Finding(**f).line()
+
+
 def assemble(events: list[dict[str, Any]], *, job: AuditJob, declared: dict[str, Any], elapsed_s: float,
              notes: list[str] | None = None, restarts: int = 0) -> AuditResult:
     """The :class:`AuditResult` of a finished audit."""
@@ -262,6 +308,8 @@ def assemble(events: list[dict[str, Any]], *, job: AuditJob, declared: dict[str,
     verdicts = {p: _check_verdict(p, job, observed, minimal, flaky, len(unsupported)) for p in PROPERTIES}
     verdicts["launches"] = _launches_verdict(job, events)
     verdicts["determinism"] = _determinism_verdict(job, events)
+    if "sanitize" in job.phases:
+        verdicts["memory"] = _memory_verdict(job, events)
     env = next((e["env"] for e in events if e["event"] == "setup" and e.get("ok")), {})
     replayed = [e["report"] for e in events if e["event"] == "done" and e["phase"] == "replay"]
     notes = list(notes or []) + [e["message"] for e in events if e["event"] == "note"]
@@ -327,7 +375,7 @@ def render_text(result: AuditResult) -> str:
     declared = ", ".join(f"{k}={v}" for k, v in result.declared.items() if v)
     if declared:
         lines.append(f"  declared support: {declared}")
-    for prop in ALL_PROPERTIES:
+    for prop in (p for p in ALL_PROPERTIES if p in result.verdicts):
         v = result.verdicts[prop]
         lines.append(f"  {prop:<17} {v.status}  {v.summary}")
         if v.status != FAIL:

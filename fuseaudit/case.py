@@ -29,6 +29,9 @@ def can_transpose(shape: tuple[int, ...]) -> bool:
     """Whether swapping the last two dims makes the last dim non-unit-stride (else "strided" is the layout)."""
     return len(shape) >= 2 and shape[-2] > 1
 
+# Regimes whose inputs hold -inf, +inf or NaN (the first input only; case._non_finite).
+NON_FINITE_REGIMES = ("masked", "nonfinite")
+
 # Values beyond the inputs' own range: a kernel that reads padding or memory
 # before a storage offset turns them into NaN in its output.
 SENTINEL = float("nan")
@@ -154,6 +157,32 @@ def _values(role: str, shape: tuple[int, ...], regime: str, dtype: torch.dtype, 
     return x
 
 
+def _non_finite(x: torch.Tensor, regime: str, gen: torch.Generator) -> torch.Tensor:
+    """``x`` with the non-finite entries of its regime, a pattern per row (row index mod 4 or 3).
+
+    ``masked``: ``-inf`` logits as an attention or padding mask leaves them -- a
+    fully masked row (eager gives NaN), a masked prefix of three quarters of the
+    row (whole tiles of ``-inf`` before any finite value: an online max must not
+    turn ``-inf - -inf`` into NaN), half the entries at random, none.
+    ``nonfinite``: one NaN, one ``+inf``, or nothing in a row; every op's eager
+    result is defined there (NaN propagates, ``+inf`` saturates).
+    """
+    n = x.shape[-1]
+    rows = x.reshape(-1, n).clone()
+    kind = torch.arange(rows.shape[0]) % (4 if regime == "masked" else 3)
+    if regime == "masked":
+        prefix = torch.arange(n) < (3 * n) // 4
+        scatter = torch.rand(rows.shape, generator=gen) < 0.5
+        mask = (kind == 0)[:, None] | ((kind == 1)[:, None] & prefix) | ((kind == 2)[:, None] & scatter)
+        rows = rows.masked_fill(mask, -math.inf)
+    else:
+        col = torch.randint(n, (rows.shape[0],), generator=gen)
+        hit = torch.arange(n)[None, :] == col[:, None]
+        rows = torch.where(hit & (kind == 0)[:, None], math.nan, rows)
+        rows = torch.where(hit & (kind == 1)[:, None], math.inf, rows)
+    return rows.reshape(x.shape)
+
+
 def _place(values: torch.Tensor, layout: str, device: str) -> torch.Tensor:
     """Put ``values`` (already in the target dtype, contiguous, CPU) in memory with ``layout``."""
     shape = tuple(values.shape)
@@ -200,6 +229,8 @@ def materialize(case: Case, device: str = "cpu") -> dict[str, torch.Tensor]:
         if zero_rows is not None and inp.role == Q:
             zr = zero_rows
         vals = _values(inp.role, shape, case.regime, dtype, gen, zr)
+        if case.regime in NON_FINITE_REGIMES and inp is case.spec.inputs[0]:
+            vals = _non_finite(vals, case.regime, gen)
         if inp.role == VECTOR and inp.name == "weight":
             vals = vals + 1.0
         out[inp.name] = _place(vals.to(dtype), case.layouts.get(inp.name, "contiguous"), device)

@@ -11,6 +11,7 @@ adding an op is one entry here plus its kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -100,6 +101,14 @@ class OpSpec:
         fn = self.oracle_fn or (lambda *a, dtype, **kw: self.eager(*a, **kw))
         return as_tuple(fn(*(wide[n] for n in self.input_names), dtype=dtype, **params))
 
+    def rows_with_non_finite_inputs(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Per output row, whether an activation input of that row holds NaN or Inf (None: no row does)."""
+        rows = [inputs[i.name] for i in self.inputs if i.role == ROWS]
+        if not rows:
+            return None
+        mask = functools.reduce(torch.logical_or, [(~torch.isfinite(t)).any(dim=-1) for t in rows])
+        return mask if bool(mask.any()) else None
+
     def float32_scale(self, inputs: dict[str, torch.Tensor], params: dict[str, Any],
                       oracle: torch.Tensor) -> torch.Tensor:
         """Magnitude ``s`` whose float32 ulp bounds the error no float32 kernel can avoid.
@@ -107,8 +116,9 @@ class OpSpec:
         A first-order error analysis per op (tolerance.py explains the policy);
         ``oracle`` is the float64 main output ``y``.
         """
-        y = oracle.detach().abs().nan_to_num()
-        wide = {n: t.detach().double().nan_to_num() for n, t in inputs.items()}
+        # non-finite entries round nothing: NaN/Inf parity judges them (tolerance.py)
+        y = oracle.detach().abs().nan_to_num(nan=0.0, posinf=0.0)
+        wide = {n: t.detach().double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0) for n, t in inputs.items()}
         kind = self.error_scale_of
         if kind == "inputs":  # x (+ residual) + bias rounds at the inputs' magnitude, then the slope (<= 1.13)
             return 2 * sum(t.abs() for t in wide.values())
@@ -233,6 +243,11 @@ def _attention(q, k, v, causal=False, scale=None):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
+def _rms_norm_maths(x, weight, eps=1e-6, *, dtype=None):
+    # the oracle spelled out: F.rms_norm's CUDA kernel turns a row holding inf into NaN, the maths gives x * 0
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
 def _add_norm_oracle(norm):
     # The contract rounds h = x + residual to the input dtype and normalises
     # that h (as eager does), so the oracle normalises the rounded h too.
@@ -243,7 +258,13 @@ def _add_norm_oracle(norm):
     return oracle
 
 
-_POINTWISE_REGIMES = ("normal", "large", "outliers", "zeros", "shifted")
+# "nonfinite": NaN and +inf entries, where every op's eager result is defined;
+# "masked": -inf logits, some rows fully masked (case._non_finite).  Attention's
+# signature has no mask: its masking is `causal`, which never masks a whole row,
+# and -inf in q, k or v is no masked logit, so it keeps finite regimes.
+_POINTWISE_REGIMES = ("normal", "large", "outliers", "zeros", "shifted", "nonfinite")
+_NORM_REGIMES = ("normal", "large", "outliers", "zeros", "near_constant", "shifted", "nonfinite")
+_SOFTMAX_REGIMES = ("normal", "large", "outliers", "zeros", "near_constant", "shifted", "masked")
 _ATTN_REGIMES = ("normal", "large", "outliers", "zeros", "shifted")
 
 
@@ -288,25 +309,25 @@ OPS: dict[str, OpSpec] = {
         _op("rms_norm", "rows", [("x", ROWS), ("weight", VECTOR)], ("y",), _rms_norm,
             "F.rms_norm(x, (N,), weight, eps)", "rms_norm",
             params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
-            flops_per_element=4, reduction="row"),
+            oracle_fn=_rms_norm_maths, flops_per_element=4, reduction="row", regimes=_NORM_REGIMES),
         _op("add_rms_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR)], ("y", "h"),
             _add_rms_norm, "h = x + residual; (F.rms_norm(h, (N,), weight, eps), h)", "rms_norm",
             params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
-            oracle_fn=_add_norm_oracle(_rms_norm), flops_per_element=5, reduction="row"),
+            oracle_fn=_add_norm_oracle(_rms_norm_maths), flops_per_element=5, reduction="row", regimes=_NORM_REGIMES),
         _op("layer_norm", "rows", [("x", ROWS), ("weight", VECTOR), ("bias", VECTOR)], ("y",),
             _layer_norm, "F.layer_norm(x, (N,), weight, bias, eps)", "layer_norm",
             params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16, eager_temporaries=0,
-            flops_per_element=8, reduction="row", error_scale_of="centred"),
+            flops_per_element=8, reduction="row", error_scale_of="centred", regimes=_NORM_REGIMES),
         _op("add_layer_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR), ("bias", VECTOR)],
             ("y", "h"), _add_layer_norm, "h = x + residual; (F.layer_norm(h, (N,), weight, bias, eps), h)",
             "layer_norm", params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16,
             eager_temporaries=0, oracle_fn=_add_norm_oracle(_layer_norm), flops_per_element=9, reduction="row",
-            error_scale_of="centred"),
+            error_scale_of="centred", regimes=_NORM_REGIMES),
         _op("softmax", "rows", [("x", ROWS)], ("y",), _softmax,
             "torch.softmax(x * scale, dim=-1)", "softmax",
             params=[Param("scale", 1.0, (1.0, 0.125, 2.0, 0.08838834764831845))],
             fallback_ulps=16, eager_temporaries=1, flops_per_element=5, reduction="row",
-            error_scale_of="logits"),
+            error_scale_of="logits", regimes=_SOFTMAX_REGIMES),
         _op("attention", "attention", [("q", Q), ("k", KV), ("v", KV)], ("y",), _attention,
             "F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale); "
             "k, v may have fewer heads (grouped-query); causal top-left aligned", "attention",

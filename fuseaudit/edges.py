@@ -6,6 +6,9 @@ entry alone, cases that cross those limits whatever the profile's bounds:
 
 * every dtype, every value regime of the op, every layout of every input
   (a storage offset, a stride) at least once;
+* each non-finite regime (``-inf`` masks, NaN and ``+inf``) again on four
+  rows (every row pattern: a fully masked row, a masked prefix of whole
+  tiles, ...) of a model width, past any single tile;
 * for row ops the widths real models use and kernels switch at (8192,
   11008, 14336, one past 65536), each on one or two rows, and just past the
   search's own bound; more rows than one program's tile (65, and 300 where
@@ -24,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, Callable
 
-from .case import LAYOUTS, Case, can_transpose
+from .case import LAYOUTS, NON_FINITE_REGIMES, Case, can_transpose
 from .catalog import OpSpec
 from .strategies import _HEAD_DIMS, SIZE_PROFILES
 
@@ -80,6 +83,11 @@ def edge_cases(spec: OpSpec, *, profile: str = "ci", dtypes: list[str] | None = 
             params={p.name: p.choices[i % len(p.choices)] for p in spec.params},
             seed=SEED + i,
         ))
+    wide = {"lead": (4,), "N": MODEL_WIDTHS[-2]}
+    for j, regime in enumerate(r for r in spec.regimes if r in NON_FINITE_REGIMES):
+        cases.append(Case(op=spec.name, dtype=dtype_order[j % len(dtype_order)], dims=wide,
+                          layouts={n: "contiguous" for n in spec.input_names}, regime=regime,
+                          params=spec.defaults(), seed=SEED + len(cases)))
     return cases
 
 

@@ -27,13 +27,16 @@ Phases, in the order a job lists them:
                  new values must be judged right (a cache keyed by pointer or
                  shape fails), and the first call's outputs must be unchanged
                  after it (a view of a reused workspace fails ``contract``).
+``sanitize``     (``--sanitize``, CUDA) the edge cases and every minimal
+                 failing case again under compute-sanitizer, a process per
+                 tool (:mod:`fuseaudit.sanitize`).
 
 Events (dicts with key ``event``): ``setup``, ``phase`` / ``phase_end``,
 ``start`` (phase, case), ``done`` (phase, report), ``unsupported``,
 ``minimal`` (prop, report), ``flaky`` (prop, case), ``lost`` (kind, phase,
 message: a worker was killed and a fresh one forked), ``launches`` (case,
-count or error), ``determinism`` (case, status, message), ``note``,
-``finished``.
+count or error), ``determinism`` (case, status, message), ``sanitize``
+(tool, status, reason or run), ``note``, ``finished``.
 """
 
 from __future__ import annotations
@@ -48,11 +51,12 @@ from .case import Case, materialize
 from .catalog import OpSpec, get_op
 from .check import Called, CaseReport, Failure, judge_case
 
-PHASES = ("edge", "search", "replay", "launches", "determinism", "state")
+PHASES = ("edge", "search", "replay", "launches", "determinism", "state", "sanitize")
 EDGE_SHRINK_CALLS = 60  # calls to shrink one failing edge case
 LATER_CASES = 3  # cases of the search that launches and determinism run on
 STATE_CASES = 2  # cases of the search that the state phase runs on
 STATE_SEED_STEP = 1_000_003  # the second call's values: another seed of the same case
+SANITIZE_CASE_S = 60.0  # a case under compute-sanitizer (a compile, then a call many times slower)
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -76,6 +80,7 @@ class AuditJob:
     launches_note: str = ""  # why launches are not judged or counted
     case: str | None = None  # a Case as JSON, for ``replay``
     shrink_seconds: float = 300.0  # shrinking budget, from the first failure on
+    sanitize: list[str] | None = None  # compute-sanitizer tools of the sanitize phase
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -164,7 +169,9 @@ class Judge:
     def __init__(self, job: AuditJob, caller: Any, emit: Emit):
         self.job = job
         self.caller = caller
-        self.emit = emit
+        self._emit = emit
+        self.edge_set: list[Case] = []  # the edge phase's cases, for the sanitize phase
+        self.minimal_cases: list[str] = []  # every minimal failing case (JSON), for the sanitize phase
         self.spec: OpSpec = get_op(job.op)
         self.device = job.device
         self.ran: list[Case] = []  # supported cases that returned outputs, for the later phases
@@ -178,6 +185,11 @@ class Judge:
             getattr(self, f"_phase_{phase}")()
             self.emit({"event": "phase_end", "phase": phase})
         self.emit({"event": "finished"})
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if event["event"] == "minimal":
+            self.minimal_cases.append(event["report"]["case"])
+        self._emit(event)
 
     # -- one judged call --------------------------------------------------------
     def _judge(self, case: Case, phase: str, **kw: Any) -> tuple[CaseReport, Called]:
@@ -221,8 +233,9 @@ class Judge:
         from .edges import edge_cases, shrink
 
         first: dict[str, CaseReport] = {}
-        for case in edge_cases(self.spec, profile=self.job.profile, dtypes=self.job.dtypes, layouts=self.job.layouts,
-                               head_dims=self.job.head_dims):
+        self.edge_set = edge_cases(self.spec, profile=self.job.profile, dtypes=self.job.dtypes,
+                                   layouts=self.job.layouts, head_dims=self.job.head_dims)
+        for case in self.edge_set:
             report, _ = self._judge(case, "edge")
             if report.process == "timeout":
                 self._stop_at_hang()
@@ -406,6 +419,41 @@ class Judge:
                         "contract", f"an output changed after a later call (it is a view of memory the target "
                                     f"reuses, not a new tensor): {message}"))
             self.emit({"event": "done", "phase": "state", "report": report.to_dict()})
+
+    def _phase_sanitize(self) -> None:
+        """The edge cases and every minimal failing case again, under each compute-sanitizer tool."""
+        from .sandbox import worker_environment
+        from .sanitize import run_tool
+
+        skip, executable = _sanitize_skip(self.device, self.hung)
+        tools = self.job.sanitize or []
+        if skip:
+            self.emit({"event": "sanitize", "status": "skip", "tools": tools, "reason": skip})
+            return
+        cases = [self.job.case] if self.job.case else [c.to_json() for c in self.edge_set]
+        cases = list(dict.fromkeys([*self.minimal_cases, *cases]))  # the failing ones first
+        env = worker_environment(self.device, getattr(self.caller, "env", None))
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"  # each tensor its own allocation: memcheck knows its bounds
+        for tool in tools:
+            self.emit({"event": "start", "phase": "sanitize", "tool": tool})
+            run = run_tool(tool, executable=executable, op=self.spec.name,
+                           target=getattr(self.caller, "target", self.job.target), device=self.device,
+                           cases=cases, timeout=SANITIZE_CASE_S * (len(cases) + 1), env=env)
+            self.emit({"event": "sanitize", "status": "ran", "tool": tool, "cases": cases, "run": run.to_dict()})
+
+
+def _sanitize_skip(device: str, hung: bool) -> tuple[str | None, str]:
+    """Why the sanitize phase cannot run here (None where it can), and the tool's path."""
+    from .sanitize import find_tool
+
+    if not device.startswith("cuda"):
+        return "compute-sanitizer checks CUDA kernels; this audit ran on the CPU", ""
+    if hung:
+        return "the target hung: it is not called again", ""
+    tool = find_tool()
+    if tool is None:
+        return "compute-sanitizer not found (looked on PATH, in $CUDA_HOME/bin and /usr/local/cuda/bin)", ""
+    return None, tool
 
 
 def _describe_count(count: dict[str, Any]) -> str:

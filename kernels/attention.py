@@ -90,6 +90,7 @@ the kernel above (see ``_use_warp_specialize``), which keeps them.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 
@@ -627,8 +628,12 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
     return [min(configs, key=lambda c: c.kwargs["BLOCK_N"] * c.num_stages)]
 
 
+# Autotune timings kept in Triton's cache, so that a second run of an audit or a bench is warm
+# (configs with a pre-hook are never cached by Triton; before Triton has the option, nothing is).
+_CACHED = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
 _attention_prefill = triton.autotune(
-    configs=_PREFILL_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune}
+    configs=_PREFILL_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune}, **_CACHED
 )(_attention_fwd_kernel)
 
 
@@ -648,7 +653,7 @@ _attention_prefill_desc = triton.autotune(
     key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune},
 )(_attention_fwd_kernel)
 _attention_decode = triton.autotune(
-    configs=_DECODE_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune}
+    configs=_DECODE_CONFIGS, key=_TUNE_KEY, prune_configs_by={"early_config_prune": _prune}, **_CACHED
 )(_attention_fwd_kernel)
 
 # Hopper non-causal prefill with warp specialisation (``_attention_ws_kernel``):
@@ -660,7 +665,7 @@ _WS_CONFIGS = [
     for bm, bn in ((256, 128), (256, 64), (128, 128))
 ]
 _attention_ws = triton.autotune(
-    configs=_WS_CONFIGS, key=["HEAD_DIM", "GROUP", "ROWS_BUCKET", "KEYS_BUCKET"]
+    configs=_WS_CONFIGS, key=["HEAD_DIM", "GROUP", "ROWS_BUCKET", "KEYS_BUCKET"], **_CACHED
 )(_attention_ws_kernel)
 # Head dim of the warp-specialised path (what was measured; see _use_warp_specialize).
 WS_HEAD_DIM = 128

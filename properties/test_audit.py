@@ -121,6 +121,22 @@ def test_a_default_audit_finds_bugs_where_the_search_seldom_looks(fn, prop, chec
     assert check(case), f"{prop} failed on a case that does not show the bug: {case.describe()}"
 
 
+NON_FINITE_BUGS = [
+    ("softmax", "softmax_zero_on_masked_rows", lambda c: c.regime == "masked"),
+    ("softmax", "softmax_online_unsafe_max", lambda c: c.regime == "masked" and c.dims["N"] > 1024),
+    ("rms_norm", "rms_norm_hides_nan", lambda c: c.regime == "nonfinite"),
+]
+
+
+@pytest.mark.parametrize(("op", "fn", "check"), NON_FINITE_BUGS, ids=[b[1] for b in NON_FINITE_BUGS])
+def test_a_default_audit_judges_non_finite_inputs_as_eager_does(op, fn, check):
+    """-inf masks (fully masked rows, whole masked tiles) and NaN inputs: wrong only there, caught by default."""
+    result = audit(op, planted(f"non_finite.py:{fn}"), device=DEVICE[0], seed=0)
+    assert result.verdicts["numerics"].status == FAIL, result.render()
+    case = minimal(result, "numerics")
+    assert check(case), f"numerics failed on a case that does not show the bug: {case.describe()}"
+
+
 def test_fake_fusion_fails_launches_only():
     result = run("swiglu", "fake_fusion.py:swiglu", examples=4)
     assert result.failed == ["launches"], result.render()
