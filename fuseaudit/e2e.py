@@ -426,9 +426,9 @@ def microbench(model: Any, *, batch: int, prompt_len: int, args: argparse.Namesp
     return out
 
 
-def join_gains(report: dict[str, Any]) -> None:
-    """Fill ``gains`` (eager / variant) and the microbenchmark rows' step figures from ``results``."""
-    cells = {(r["variant"], r["batch"]): r for r in report["results"]}
+def step_gains(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """eager / variant of TTFT, TPOT and graphed TPOT, per variant and batch, where both were measured."""
+    cells = {(r["variant"], r["batch"]): r for r in results}
     gains = []
     for (variant, batch), r in cells.items():
         base = cells.get(("eager", batch))
@@ -439,7 +439,13 @@ def join_gains(report: dict[str, Any]) -> None:
             if f"{key}_ms" in base and f"{key}_ms" in r and r[f"{key}_ms"] > 0:
                 g[f"{key}_gain"] = base[f"{key}_ms"] / r[f"{key}_ms"]
         gains.append(g)
-    report["gains"] = gains
+    return gains
+
+
+def join_gains(report: dict[str, Any]) -> None:
+    """Fill ``gains`` (eager / variant) and the microbenchmark rows' step figures from ``results``."""
+    cells = {(r["variant"], r["batch"]): r for r in report["results"]}
+    report["gains"] = step_gains(report["results"])
     for m in report["microbench"]:
         base, fused = cells.get(("eager", m["batch"])), cells.get(("fused", m["batch"]))
         for suffix, step_key in (("", "tpot_ms"), ("_graph", "tpot_graph_ms")):
@@ -479,16 +485,7 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
         kv = agr["kv_cache"]
         print(f"  kv cache (oracle): decode step vs re-prefill of prompt+token, max |diff| {kv['max_abs_diff']:.3g} "
               f"-> {'ok' if kv['passed'] else 'FAILED'}", file=out)
-        for c in agr["checks"]:
-            cmp = c.get("comparison") or {}
-            if c.get("error"):
-                detail = c["error"]
-            elif c["variant"] == "eager":
-                detail = f"the yardstick: max err {cmp.get('max_abs_err', 0):.3g} vs the oracle"
-            else:
-                detail = (f"max err {cmp.get('max_abs_err', 0):.3g} (eager {cmp.get('eager_max_abs_err', 0):.3g}), "
-                          f"worst row {cmp.get('ratio_to_eager', 0):.2f}x eager's error; {cmp.get('reason', '')}")
-            print(f"  {c['variant']:<8} {c['output']:<15} {'pass' if c['passed'] else 'FAIL'}  {detail}", file=out)
+        print_checks(agr["checks"], out, width=15)
     if not report["timing"]:
         print(f"\n{report['timing_note']}", file=out)
     if report["results"]:
@@ -656,3 +653,17 @@ def main(args: argparse.Namespace) -> int:
     _write(report, path)
     print_report(report)
     return EXIT_OK if report["agreement"]["verdict"] == "agree" else EXIT_FAILED
+
+
+def print_checks(checks: list[dict[str, Any]], out: Any, *, width: int) -> None:
+    """One line per agreement check: the yardstick's own error, or a variant's against it."""
+    for c in checks:
+        cmp = c.get("comparison") or {}
+        if c.get("error"):
+            detail = c["error"]
+        elif c["variant"] == "eager":
+            detail = f"the yardstick: max err {cmp.get('max_abs_err', 0):.3g} vs the oracle"
+        else:
+            detail = (f"max err {cmp.get('max_abs_err', 0):.3g} (eager {cmp.get('eager_max_abs_err', 0):.3g}), "
+                      f"worst row {cmp.get('ratio_to_eager', 0):.2f}x eager's error; {cmp.get('reason', '')}")
+        print(f"  {c['variant']:<8} {c['output']:<{width}} {'pass' if c['passed'] else 'FAIL'}  {detail}", file=out)

@@ -1127,18 +1127,9 @@ def measure_cell(model: Any, state: SwapState | None, variant: str, *, batch: in
 
 
 def join_gains(report: dict[str, Any]) -> None:
-    cells = {(r["variant"], r["batch"]): r for r in report["results"]}
-    gains = []
-    for (variant, batch), r in cells.items():
-        base = cells.get(("eager", batch))
-        if base is None:
-            continue
-        gg: dict[str, Any] = {"variant": variant, "batch": batch}
-        for key in ("ttft", "tpot", "tpot_graph"):
-            if f"{key}_ms" in base and f"{key}_ms" in r and r[f"{key}_ms"] > 0:
-                gg[f"{key}_gain"] = base[f"{key}_ms"] / r[f"{key}_ms"]
-        gains.append(gg)
-    report["gains"] = gains
+    from .e2e import step_gains
+
+    report["gains"] = step_gains(report["results"])
 
 
 # ---------------------------------------------------------------------------
@@ -1206,13 +1197,9 @@ def load_impls(variant: str, ops: Sequence[str], targets: dict[str, str], device
     return impls, specs
 
 
-def _fmt(v: Any, spec: str = ".3f") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return format(v, spec)
-
-
 def print_report(report: dict[str, Any], out: Any = None) -> None:
+    from .e2e import _fmt, print_checks
+
     out = out or sys.stdout
     cfg = report["config"]
     print(f"model: {report['model']} ({report['model_class']}), {cfg['layers']} layers, hidden {cfg['hidden']}, "
@@ -1230,16 +1217,7 @@ def print_report(report: dict[str, Any], out: Any = None) -> None:
         kv = agr["kv_cache"]
         print(f"  kv cache (oracle): decode vs re-prefill, max |diff| {kv['max_abs_diff']:.3g} -> "
               f"{'ok' if kv['passed'] else 'FAILED'}", file=out)
-        for c in agr["checks"]:
-            cmp = c.get("comparison") or {}
-            if c.get("error"):
-                detail = c["error"]
-            elif c["variant"] == "eager":
-                detail = f"the yardstick: max err {cmp.get('max_abs_err', 0):.3g} vs the oracle"
-            else:
-                detail = (f"max err {cmp.get('max_abs_err', 0):.3g} (eager {cmp.get('eager_max_abs_err', 0):.3g}), "
-                          f"worst row {cmp.get('ratio_to_eager', 0):.2f}x eager's error; {cmp.get('reason', '')}")
-            print(f"  {c['variant']:<8} {c['output']:<21} {'pass' if c['passed'] else 'FAIL'}  {detail}", file=out)
+        print_checks(agr["checks"], out, width=21)
         for g in agr.get("greedy", []):
             if g["identical"]:
                 print(f"  greedy {g['variant']:<8} {g['steps']} tokens identical to {g['reference']}", file=out)
