@@ -3,7 +3,7 @@
 A results file of ``fuseaudit run`` records the command line that made it;
 every section (audits, launches, bench, e2e) came from that command unless
 the file says otherwise: a section can be added afterwards (a sweep merged
-in, launch counts from another session), and then the run's own command,
+in, launch counts from another run), and then the run's own command,
 which may even have turned that step off, is not the one to show.  So each
 section names its own command, or says why none is known.  Long notes stay
 in the results file (and in a README beside it, linked): the report shows

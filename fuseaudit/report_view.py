@@ -519,8 +519,8 @@ def copy_bandwidth(records: list[dict[str, Any]], meta: dict[str, Any] | None) -
     """The measured copy bandwidth that "% of copy" is against, as text; None where none was recorded.
 
     ``fuseaudit bench`` stores it once per sweep; every benchmark record also
-    carries the figure its own session measured, which is all a file merged
-    from several sessions has.
+    carries the figure its own benchmark run measured, which is all a file merged
+    from several runs has.
     """
     value = number((meta or {}).get("copy_gbps"))
     if value:
@@ -530,7 +530,7 @@ def copy_bandwidth(records: list[dict[str, Any]], meta: dict[str, Any] | None) -
         return None
     if len(values) == 1:
         return f"{values[0]:.0f} GB/s"
-    return f"{values[0]:.0f}–{values[-1]:.0f} GB/s (each benchmark session measures its own)"
+    return f"{values[0]:.0f}–{values[-1]:.0f} GB/s (each benchmark run measures its own)"
 
 
 def _memory_row(op: str, point: str | None, dtype: str | None, at: dict[str, dict[str, Any]]) -> dict[str, Any]:

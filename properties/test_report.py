@@ -439,7 +439,7 @@ def issue_results() -> dict[str, Any]:
     doc["argv"] = ["/opt/venv/bin/fuseaudit", "run", "--device", "cuda", "--no-bench", "--no-e2e"]
     doc["options"] = {"bench": False, "e2e": False}
     doc["environment"]["git_commit"] = "abc1234"
-    doc["bench"]["message"] = "A session's journal. " * 400 + JOURNAL_WORD
+    doc["bench"]["message"] = "A run's journal. " * 400 + JOURNAL_WORD
     doc["e2e"]["message"] = "from `fuseaudit e2e --layers 8 --cuda-graphs` on another H200"
     bench = doc["bench"]["document"]
     bench["fuseaudit"].pop("copy_gbps")
@@ -598,7 +598,7 @@ def test_provenance_names_the_command_of_each_section_in_a_few_lines(issue_page)
     assert sections["e2e"]["command"] == "fuseaudit e2e --layers 8 --cuda-graphs"
     assert sections["bench"]["note"]["cut"] and sections["bench"]["note"]["words"] > 1000
     html = page.read_text(encoding="utf-8")
-    assert JOURNAL_WORD not in html and "A session&#39;s journal" not in html, "a long note is pointed to, not inlined"
+    assert JOURNAL_WORD not in html and "A run&#39;s journal" not in html, "a long note is pointed to, not inlined"
     assert report_provenance.command_line(["/x/bin/fuseaudit", "audit", "a b"]) == "fuseaudit audit 'a b'"
 
 
