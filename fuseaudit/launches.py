@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -146,12 +147,19 @@ def _interpreter_and_aten(record: Callable[[str], None]) -> Iterator[None]:
 
     state = {"inside_triton": 0}
 
+    def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+        if not state["inside_triton"] and name not in _NOT_LAUNCHES:
+            record(f"aten::{name}")
+        return func(*args, **(kwargs or {}))
+
+    if "torch._dynamo" not in sys.modules:
+        # torch wraps a mode's handler in dynamo.disable on its first call, importing torch._dynamo
+        # (about 2 s); nothing compiles here (a compiled target has imported it in its warm-up call)
+        setattr(dispatch, "__dynamo_disable", dispatch)
+
     class AtenCounter(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-            if not state["inside_triton"] and name not in _NOT_LAUNCHES:
-                record(f"aten::{name}")
-            return func(*args, **(kwargs or {}))
+        __torch_dispatch__ = dispatch
 
     executor = interpreter.GridExecutor
     original = executor.__call__

@@ -205,3 +205,20 @@ def test_step_breakdown_attributes_kernels():
     assert rows["matmul"]["host_us"] == 25  # linear [20, 40] and mm [52, 57]
     assert rows["rms_norm"]["host_us"] == 10 and rows["swiglu"]["host_us"] == 15
     assert rows["other"]["host_us"] == 50 and out["host_step_us"] == 100
+
+
+def test_oracle_norms_compute_in_float64(llama):
+    """HF's RMSNorm rounds through float32 whatever the model's dtype; the oracle's norms must not."""
+    import copy
+
+    arch, model = llama
+    oracle = copy.deepcopy(model).to(device="cpu", dtype=torch.float64)
+    name, norm = next((n, m) for n, m, role in e2e_hf.swappable_modules(oracle) if role == "norm")
+    x = torch.randn(3, oracle.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    exact = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon) * norm.weight
+    hf = norm(x)
+    assert (hf - exact).abs().max() > 1e-12, "HF's norm no longer rounds through float32: this guard is moot"
+    with e2e_hf._oracle_norms(oracle, arch):
+        swapped = oracle.get_submodule(name)
+        assert swapped is not norm
+        torch.testing.assert_close(swapped(x), exact, rtol=1e-15, atol=0)
