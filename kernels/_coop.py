@@ -2,9 +2,8 @@
 
 At decode sizes a row-wise op has a handful of rows (1 to 64) and a 132-SM
 GPU runs one program a row: a few SMs each stream a whole row, one block
-after another, while the others idle.  A row of 65536 float32 elements took
-27 µs that way on the H200, where the bandwidth of the whole chip moves it
-in a fraction of one.
+after another, while the others idle, where the bandwidth of the whole chip
+would move it in a fraction of the time.
 
 Splitting the row over ``SPLITS`` programs, each holding a ``CHUNK`` of
 columns in registers, needs the row's statistics (a sum of squares, a mean
@@ -23,7 +22,7 @@ the launch is *cooperative* (``launch_cooperative_grid=True``: CUDA refuses
 it rather than queue a program behind a spinning one), and the grid is kept
 to at most one program per SM.
 
-Many wide float32 rows (an op's ``_rows.ManyRows`` rule) split the same way,
+Many wide rows (a config's ``Split`` with a chunk, see ``_tuning.py``) split the same way,
 but over a fixed grid: ``groups`` groups of ``SPLITS`` programs, a few
 programs an SM, each group taking every ``groups``-th row and each program
 loading its chunk of the next row before it waits for this one.  Where a
@@ -45,42 +44,26 @@ could wait for ever.  Under it (``COOPERATIVE=False``) each program computes
 every chunk's partial itself, stores them all, and then goes on exactly as
 on the GPU: the chunking, the partials, their merge and the output are the
 same code, only the publishing and the waiting are not run on the CPU.
-
-Measured on the H200 (event time after an L2 flush,
-``reports/h200/coop-sweep-session10.txt``), one program a row -> split:
-float32 layer_norm 8 rows x 65536 26.8 -> 6.5 µs (16 programs a row),
-1 row x 65536 26.9 -> 5.5; bfloat16 softmax 8 x 65536 16.8 -> 6.2.  The
-profiler's kernel time for the first: 24.3 -> 4.3 µs
-(``coop-diag-session10.txt``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._rows import ManyRows, add_residual, interpreting, load_pair, next_pow2, out_row_offsets, row_offsets
+from ._rows import add_residual, interpreting, load_pair, next_pow2, out_row_offsets, row_offsets
 
-# Rows narrower than this many bytes keep one program a row: they are done
-# in about a launch's time anyway.  H200, event time after an L2 flush
-# (reports/h200/coop-sweep-session10.txt), one program a row -> split: at
-# 64 KiB a row the split won nearly everywhere (float32 N = 16384, rows=1:
-# rms_norm 6.4 -> 4.9 µs, layer_norm 6.3 -> 5.5, softmax 7.7 -> 5.1), at
-# 32 KiB it was even or lost (bfloat16 N = 16384, rows=1: rms_norm 4.7 ->
-# 5.3, layer_norm 5.3 -> 5.5; float32 N = 8192 rms_norm 4.7 -> 5.2).
-COOP_MIN_BYTES = 65536
+if TYPE_CHECKING:
+    from ._tuning import Split
+
 # A program's chunk is at least this many bytes ...
 MIN_CHUNK_BYTES = 2048
-# ... and at most this many elements, else the row keeps one program.  H200,
-# 64 rows x 65536, one program a row -> two chunks of 32768 in 32 warps,
-# event time after an L2 flush (reports/h200/coop-early-host-session10.txt):
-# float32 layer_norm 30.6 -> 19.2 µs, add_layer_norm 36.1 -> 30.9, rms_norm
-# 17.3 -> 15.2, softmax 25.6 -> 17.6; bfloat16 layer_norm 24.1 -> 13.1.
+# ... and at most this many elements, else the row keeps one program.
 MAX_CHUNK = 32768
 # Threads: 16 elements each, 4 to 16 warps; chunks past 16384 elements take 32 warps.
 ELEMENTS_PER_THREAD = 16
@@ -107,8 +90,8 @@ class CoopBlocks(NamedTuple):
 
     ``groups``: None for one row a group of ``splits`` programs (a few
     rows), else that many groups, each taking every ``groups``-th row (many
-    rows, see ``_rows.ManyRows``), each program loading its next row before
-    it waits for this one's partials.
+    rows), each program loading its next row before it waits for this one's
+    partials.
     """
 
     chunk: int
@@ -134,37 +117,32 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def coop_config(rows: int, n: int, element_size: int, device: torch.device,
-                many: ManyRows | None = None) -> CoopBlocks | None:
-    """How to split ``rows`` rows of ``n`` elements over programs, or None to keep one program a row.
+def coop_config(rows: int, n: int, element_size: int, device: torch.device, split: Split | None) -> CoopBlocks | None:
+    """How to split ``rows`` rows of ``n`` elements over programs as ``split`` says, or None for one program a row.
 
-    A row is split when it is at least ``COOP_MIN_BYTES`` wide and at least
-    two programs a row fit on the SMs; it is split as finely as the SMs
-    allow down to chunks of ``MIN_CHUNK_BYTES``, and not at all where a
-    chunk would exceed ``MAX_CHUNK`` elements; never with ``FUSEAUDIT_COOP=0``.
-    More rows than that split only by the op's ``many`` rule (its chunk,
-    warps and programs an SM), for rows at least ``many.min_n`` wide, in
-    groups of programs that loop over the rows.
-    Module constants are read at call time, so tests lower them to split
-    small rows.
+    A few rows (``split.chunk == 0``, at most half as many rows as SMs) split
+    as finely as the SMs allow down to chunks of ``MIN_CHUNK_BYTES``, and not
+    at all where a chunk would exceed ``MAX_CHUNK`` elements; many rows in
+    ``split``'s chunks, in groups of programs that loop over the rows.  Never
+    with ``FUSEAUDIT_COOP=0``.  Module constants are read at call time.
     """
-    return _coop_config(rows, n, element_size, sm_count(device), knobs(), many)
+    if split is None or not ENABLED:
+        return None
+    return _coop_config(rows, n, element_size, sm_count(device), knobs(), split)
 
 
 @functools.lru_cache(maxsize=4096)
 def _coop_config(rows: int, n: int, element_size: int, sms: int, knobs: tuple[int, ...],
-                 many: ManyRows | None = None) -> CoopBlocks | None:
-    min_bytes, min_chunk_bytes, max_chunk = knobs
-    if min_bytes < 0 or n * element_size < min_bytes:
-        return None
-    if rows > min(sms // 2, MAX_ROWS):
-        if many is None or n < many.min_n or rows < many.min_rows:
-            return None
-        splits = triton.cdiv(n, many.chunk)
-        groups = min(sms * many.per_sm // splits, rows, MAX_ROWS, MAX_PROGRAMS // splits)
+                 split: Split) -> CoopBlocks | None:
+    min_chunk_bytes, max_chunk = knobs
+    if split.chunk:
+        splits = triton.cdiv(n, split.chunk)
+        groups = min(sms * split.per_sm // splits, rows, MAX_ROWS, MAX_PROGRAMS // splits)
         if splits < 2 or groups < 1:
             return None
-        return CoopBlocks(many.chunk, splits, many.warps, groups)
+        return CoopBlocks(split.chunk, splits, split.warps, groups)
+    if rows > min(sms // 2, MAX_ROWS):
+        return None
     most = min(sms // rows, EPOCH, MAX_PROGRAMS // rows)  # programs a row
     chunk = max(next_pow2(triton.cdiv(n, most)), next_pow2(max(min_chunk_bytes // element_size, 1)))
     splits = triton.cdiv(n, chunk)
@@ -204,12 +182,7 @@ def workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _current_stream(device: torch.device) -> int:
-    """The raw handle of ``device``'s current stream.
-
-    ``torch.cuda.current_stream()`` builds a Stream object (about 3 µs on
-    the H200's host, as much as the rest of the lookup); the raw handle is
-    what torch.compile's generated code reads.
-    """
+    """The raw handle of ``device``'s current stream (cheaper than a Stream object; torch.compile reads it too)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
@@ -325,8 +298,6 @@ def chunk_width(split, N, CHUNK: tl.constexpr):
     return tl.minimum(N - split * CHUNK, CHUNK)
 
 
-
-
 # False with FUSEAUDIT_COOP=0 in the environment as the kernels are imported
 # (read once: see _launch.ENABLED): every row then keeps one program (e.g.
 # where cooperative launches are refused).  A test may set it (through
@@ -334,9 +305,9 @@ def chunk_width(split, N, CHUNK: tl.constexpr):
 ENABLED = os.environ.get("FUSEAUDIT_COOP", "1") not in ("", "0")
 
 
-def knobs() -> tuple[int, int, int]:
+def knobs() -> tuple[int, int]:
     """The module constants the split depends on (part of ``_coop_config``'s cache key)."""
-    return (COOP_MIN_BYTES if ENABLED else -1), MIN_CHUNK_BYTES, MAX_CHUNK
+    return MIN_CHUNK_BYTES, MAX_CHUNK
 
 
 __all__ = ["CoopBlocks", "arrive_and_wait", "chunk_width", "coop_config", "gather", "knobs",

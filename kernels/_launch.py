@@ -3,11 +3,10 @@
 ``kernel[grid](*args, **meta)`` goes through ``JITFunction.run`` on every
 call: it binds the arguments, computes the specialisation key (each integer
 checked for ``== 1`` and divisibility by 16, each pointer for 16-byte
-alignment), finds the compiled kernel and builds its launch metadata.  On the
-H200 host that measured about 33 µs per call of our ~20-argument norm
-kernels, against about 14 µs through the compiled kernel's own launcher and
-11 µs for one eager PyTorch op.  At decode shapes (a few rows) the kernel
-itself runs in about 2 µs, so the host is what a decode step waits for.
+alignment), finds the compiled kernel and builds its launch metadata: about
+twice the host time of the compiled kernel's own launcher.  At decode shapes
+(a few rows) the kernel itself runs in a few µs, so the host is what a
+decode step waits for.
 
 Our wrappers spend as long again before the launch: argument checks, folding
 the leading dims, choosing the tile.  All of that depends only on the inputs'
@@ -26,14 +25,11 @@ so a plan that has launched once calls its compiled kernel's launcher
 directly.  A new key takes the wrapper's full path (checks included) and
 Triton's normal launch, and keeps what they return.
 
-The module constants a wrapper chooses its tile by (each kernel file's
-``TUNING``, ``_rows.MAX_FUSED_BYTES``, the ``_coop`` thresholds) are read
-when a plan is built, as Triton reads its options when it compiles: they
-are not part of the key (hashing a tuning and building the longer tuple
-cost 0.3-0.5 µs of a softmax call on the H200 host,
-``reports/h200/host-variants-session18.txt``).  Change them through
-:func:`retuned`, which forgets the kept plans, or call :func:`clear_cache`
-after changing them.
+What a wrapper chooses its launch by (the tables of ``_tuning.py``, the
+``_rows`` and ``_coop`` constants) is read when a plan is built, as Triton
+reads its options when it compiles: it is not part of the key (a longer key
+costs host time on every call).  Change it through :func:`retuned`, which
+forgets the kept plans, or call :func:`clear_cache` after changing it.
 
 The direct launch is the compiled kernel's ``kernel[grid]`` runner without
 its per-call Python: the runner looks up the current device and stream
@@ -47,26 +43,9 @@ plan's CUDA device) and passes no hooks while none is registered; with
 Triton 3.5 and 3.6 it calls the launcher's C function itself (see
 ``_c_launch``).  A kept plan's launch is one Python call (``plan.launch``,
 a closure over everything but the tensors), which reads the pointers with
-``map`` and checks the hooks inline.  H200 host, bf16, GPU busy, three
-rotating rounds (``reports/h200/host-time-session15.txt``), this path
-against the twelfth session's (a Plan method calling a closure, a helper per
-hook, a list of pointers): rms_norm at 8 x 4096 10.7 against 11.4 µs,
-layer_norm 10.9-11.3 against 11.6-11.8 at rows 1 and 64; ``F.rms_norm``
-10.3-10.5, ``F.layer_norm`` 10.5-10.7, ``torch.add`` 6.8-7.1.  When a
-launch hook is registered (``fuseaudit.launches`` counts launches with one;
-so do Triton's profilers), each launch takes Triton's runner, hooks and
-all.
-
-Where a call's host time goes (H200 host, bf16 8 x 4096, GPU busy,
-``host-parts-session18.txt``, ``host-steps-session18.txt``): the C launch
-alone, every argument ready, 4.1 µs; ``torch.empty_like`` 1.7 (2.0 with a
-``memory_format``, hence :func:`output_like`); the key and lookup 1.1-1.5;
-``torch.softmax`` whole, 6.9.  With the key above, no lambda per call
-(``build`` takes ``args``) and :func:`output_like`, fifteen rotating rounds
-(``host-time-session18.txt``), the twelfth to seventeenth sessions' path ->
-this one at 8 rows: rms_norm 13.1 -> 12.2 µs (``F.rms_norm`` 13.0),
-layer_norm 13.9 -> 13.0 (``F.layer_norm`` 13.8), softmax 11.4 -> 10.8
-(``torch.softmax`` 8.3: a Triton launch from Python does not get there).
+``map`` and checks the hooks inline.  When a launch hook is registered
+(``fuseaudit.launches`` counts launches with one; so do Triton's
+profilers), each launch takes Triton's runner, hooks and all.
 
 Plans are never kept under Triton's interpreter or with
 ``FUSEAUDIT_FAST_LAUNCH=0`` in the environment as the kernels are imported
@@ -88,7 +67,7 @@ from typing import Any
 import torch
 import triton
 
-from . import _coop, _rows
+from . import _coop, _tuning
 from ._rows import interpreting
 
 __all__ = ["Plan", "clear_cache", "output_like", "planned", "retuned"]
@@ -99,8 +78,7 @@ MAX_ENTRIES = 4096
 _PLANS: dict[Hashable, Plan | None] = {}
 
 
-# Read once, when the kernels are imported: a lookup of an unset variable in
-# os.environ costs about 0.5 µs, a tenth of the whole cached path.
+# Read once, when the kernels are imported: an os.environ look-up per call would cost host time.
 ENABLED = os.environ.get("FUSEAUDIT_FAST_LAUNCH", "1") not in ("", "0") and not interpreting()
 
 
@@ -112,19 +90,18 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 def clear_cache() -> None:
     """Forget every kept plan and remembered tile choice (after changing Triton options or a module constant).
 
-    The tile choices (``_rows._row_block_config``, ``_coop._coop_config``)
-    are cached by their arguments, not by the module constants they read
-    (``ROW_TILE``, ``MIN_WARPS``, ``INTERPRETER_TILE``, ...): without this a
-    constant changed after a first call would not be seen.
+    The table look-ups (``_tuning._lookup``) and splits (``_coop._coop_config``)
+    are cached by their arguments, not by the tables and constants they read:
+    without this a table changed after a first call would not be seen.
     """
     _PLANS.clear()
-    _rows._row_block_config.cache_clear()
+    _tuning._lookup.cache_clear()
     _coop._coop_config.cache_clear()
 
 
 @contextlib.contextmanager
 def retuned(target: Any, **values: Any) -> Iterator[None]:
-    """Set attributes of ``target`` (a kernel module's ``TUNING``, ``_rows`` or ``_coop`` constants) for the block.
+    """Set attributes of ``target`` (``_tuning.TABLES``, ``_tuning``, ``_rows`` or ``_coop`` constants) for the block.
 
     Plans (and the cached tile choices) are built from such constants but not
     keyed by them, so they are forgotten on entry and again on exit (see
@@ -231,12 +208,12 @@ def planned(params: tuple[Hashable, ...], inputs: tuple[torch.Tensor | None, ...
     other arguments (module constants are read by ``build``, not keyed: see
     :func:`retuned`).  Anything that is not a tensor among ``inputs`` skips
     the cache, so ``build`` raises its error.  (``build`` takes ``args``
-    rather than closing over them: a lambda per call cost about 0.3 µs.)
+    rather than closing over them: no lambda per call.)
     """
     if not ENABLED:
         return build(*args)
     try:
-        # One flat tuple: about 0.4 µs a call less than a tuple per tensor.
+        # One flat tuple: cheaper than a tuple per tensor.
         key = [params, _current_device()]
         for t in inputs:
             key += (None,) if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
@@ -263,7 +240,7 @@ def output_like(x: torch.Tensor, plan: Plan | None) -> torch.Tensor:
 
     ``torch.empty_like(x)`` keeps a dense ``x``'s strides (a transposed
     ``x`` would give a transposed output); its ``memory_format`` keyword
-    costs about 0.4 µs a call on the H200 host, so a kept plan whose first
+    costs host time on every call, so a kept plan whose first
     input is contiguous goes without it.
     """
     if plan is not None and plan.row_major:
@@ -345,7 +322,7 @@ def _c_launch(run: Any) -> tuple[Callable[..., None], Any, Any] | None:
     Triton 3.5 and 3.6's ``CudaLauncher.__call__`` only allocates the
     global and profile scratch (none for kernels that need none) and passes
     everything on to its C ``launch``; calling that directly saves a Python
-    frame and two closures per launch (about 1.2 µs on the H200 host).
+    frame and two closures per launch.
     Recognised by the ``profile_scratch_size`` attribute and ``__call__``'s
     parameters; any other launcher (Triton 3.4, 3.7 on) keeps ``run(...)``.
     """

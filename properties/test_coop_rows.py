@@ -2,8 +2,8 @@
 
 At decode sizes a wide row is split over ``SPLITS`` programs of one
 cooperative launch (``kernels/_coop.py``); each publishes a partial of its
-chunk and merges the row's.  CI's rows are far narrower than the real
-threshold (32 KiB a row), so these tests lower it to 16 bytes and the chunk
+chunk and merges the row's.  CI's rows are far narrower than those the
+tables split, so these tests give every table row a split, lower the chunk
 to 16 bytes, and (under the interpreter) count 16 SMs: every row of a few
 elements and at most 8 rows splits into up to 16 chunks.  Under the
 interpreter each program computes all the partials itself (programs run one
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import assume, given, settings
@@ -30,20 +30,35 @@ SPLIT_SMS = 16
 
 
 @contextlib.contextmanager
-def split_small_rows() -> Iterator[None]:
-    """Lower the cooperative path's thresholds so that CI-sized rows take it."""
-    from fuseaudit.kernels import _coop, _launch
+def split_tables(split_for: Callable[[frozenset[str]], object]) -> Iterator[None]:
+    """Every row of every table given the split ``split_for(its dtypes)`` (None: none)."""
+    import dataclasses
 
-    with _launch.retuned(_coop, COOP_MIN_BYTES=16, MIN_CHUNK_BYTES=16, INTERPRETER_SMS=SPLIT_SMS):
+    from fuseaudit.kernels import _launch, _tuning
+
+    tables = {op: tuple(row._replace(config=dataclasses.replace(row.config, split=split_for(row.dtypes)))
+                        for row in table) for op, table in _tuning.TABLES.items()}
+    with _launch.retuned(_tuning, TABLES=tables):
+        yield
+
+
+@contextlib.contextmanager
+def split_small_rows() -> Iterator[None]:
+    """Every table splits a few rows, in chunks of 16 bytes on 16 SMs: CI-sized rows take the cooperative path."""
+    from fuseaudit.kernels import _coop, _launch
+    from fuseaudit.kernels._tuning import Split
+
+    with _launch.retuned(_coop, MIN_CHUNK_BYTES=16, INTERPRETER_SMS=SPLIT_SMS), split_tables(lambda _: Split()):
         yield
 
 
 def _coop_blocks(case: Case, element_size: int, device: str):
     import torch
     from fuseaudit.kernels import _coop
+    from fuseaudit.kernels._tuning import Split
 
     rows = math.prod(case.dims["lead"])
-    return _coop.coop_config(rows, case.dims["N"], element_size, torch.device(device))
+    return _coop.coop_config(rows, case.dims["N"], element_size, torch.device(device), Split())
 
 
 def _assert_within_policy(op: str, inputs: dict, params: dict, got) -> None:
@@ -152,34 +167,15 @@ def test_coop_constant_rows_are_exact(fuseaudit_device):
             assert torch.equal(layer_norm.layer_norm(x, w, b), b.expand(3, 500))
 
 
-def test_coop_routing():
-    """Which calls split, with the real thresholds: wide rows at decode sizes only, never past the SMs."""
+def test_coop_can_be_turned_off():
+    """With ``FUSEAUDIT_COOP=0`` (``_coop.ENABLED``) every row keeps one program, whatever the table says."""
     import torch
     from fuseaudit.kernels import _coop, _launch
+    from fuseaudit.kernels._tuning import Split
 
-    def cfg(rows, n, size, sms=132):
-        return _coop._coop_config(rows, n, size, sms, _coop.knobs())
-
-    assert cfg(8, 65536, 4) == _coop.CoopBlocks(chunk=4096, splits=16, num_warps=8)
-    assert cfg(1, 65536, 4) == _coop.CoopBlocks(chunk=512, splits=128, num_warps=4)
-    assert cfg(1, 11008, 2) is None  # 22 KB: one program a row
-    assert cfg(8, 16384, 2) is None and cfg(8, 16384, 4) is not None  # 32 KiB a row no, 64 KiB yes
-    assert cfg(3, 32768 + 1000, 2).splits == 33  # 33768 in chunks of 1024 (44 a row fit): the last partly masked
-    assert cfg(64, 65536, 4) == cfg(64, 65536, 2) == _coop.CoopBlocks(chunk=32768, splits=2, num_warps=32)
-    assert cfg(64, 131072, 2) is None  # two chunks of 65536 would not fit in registers
-    assert cfg(64, 32768, 4) == _coop.CoopBlocks(chunk=16384, splits=2, num_warps=16)
-    assert cfg(67, 65536, 2) is None  # fewer than two programs a row on 132 SMs
-    for rows in (1, 3, 8, 17, 33, 66):
-        for n in (8192, 16384, 20000, 32768, 65536, 100000):
-            for size in (2, 4):
-                blocks = cfg(rows, n, size)
-                if blocks is not None:
-                    assert rows * blocks.splits <= 132, "a cooperative grid must be resident at once"
-                    assert blocks.chunk * (blocks.splits - 1) < n <= blocks.chunk * blocks.splits
-                    assert blocks.chunk * size >= _coop.MIN_CHUNK_BYTES and blocks.chunk <= _coop.MAX_CHUNK
-    assert _coop.coop_config(8, 65536, 4, torch.device("cpu")) == cfg(8, 65536, 4, _coop.INTERPRETER_SMS)
-    with _launch.retuned(_coop, ENABLED=False):  # what FUSEAUDIT_COOP=0 sets
-        assert _coop.coop_config(8, 65536, 4, torch.device("cpu")) is None, "FUSEAUDIT_COOP=0 keeps one program a row"
+    assert _coop.coop_config(8, 65536, 4, torch.device("cpu"), Split()) is not None
+    with _launch.retuned(_coop, ENABLED=False):
+        assert _coop.coop_config(8, 65536, 4, torch.device("cpu"), Split()) is None
 
 
 @pytest.mark.parametrize("op", ROW_OPS)
@@ -241,15 +237,11 @@ MANY_ROWS_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm")
 
 @contextlib.contextmanager
 def split_many_rows(chunk: int, per_sm: int) -> Iterator[None]:
-    """Every norm's ``float32_many_rows`` rule lowered to rows of 64 elements or more in chunks of ``chunk``."""
-    from fuseaudit.kernels import _launch, _rows, layer_norm, rms_norm
+    """Every table's float32 rows split over groups of programs in chunks of ``chunk`` (half precision: no split)."""
+    from fuseaudit.kernels._tuning import Split
 
-    rule = _rows.ManyRows(min_n=64, chunk=chunk, warps=4, per_sm=per_sm)
-    with contextlib.ExitStack() as stack:
-        for module in (rms_norm, layer_norm):
-            for name in ("TUNING", "ADD_TUNING"):
-                tuning = getattr(module, name)
-                stack.enter_context(_launch.retuned(module, **{name: tuning._replace(float32_many_rows=rule)}))
+    many = Split(chunk=chunk, warps=4, per_sm=per_sm)
+    with split_tables(lambda dtypes: many if "fp32" in dtypes else None):
         yield
 
 
@@ -257,9 +249,9 @@ def split_many_rows(chunk: int, per_sm: int) -> Iterator[None]:
 def test_many_rows_split(op, fuseaudit_device):
     """Many float32 rows split over groups of programs, each group looping over every ``groups``-th row.
 
-    The rule lowered to rows of 64+ elements in chunks of 32 (16 SMs counted
-    under the interpreter, one program an SM: 4 groups of 4 programs; on an
-    H200 33 groups): 2 x 40 padded rows of 100 (a residual transposed), so a
+    Every float32 row split in chunks of 32 (16 SMs counted under the
+    interpreter, one program an SM: 4 groups of 4 programs; on an H200 33
+    groups): 2 x 40 padded rows of 100 (a residual transposed), so a
     group takes 20 (2 or 3 on the GPU) rows one after another: consecutive rows
     alternate between two sets of partial slots, each program loads its
     next row before it waits, and a group's last look-ahead is masked.
@@ -271,44 +263,17 @@ def test_many_rows_split(op, fuseaudit_device):
     layouts = {name: ("transposed" if name == "residual" else "padded") for name in spec.input_names}
     case = Case(op=op, dtype="float32", dims={"lead": (2, 40), "N": 100}, layouts=layouts,
                 params=spec.defaults(), seed=7)
-    with split_small_rows(), split_many_rows(chunk=32, per_sm=1):
-        from fuseaudit.kernels import _coop, layer_norm, rms_norm
+    from fuseaudit.kernels import _coop, _launch
+    from fuseaudit.kernels._tuning import Split
 
-        module = rms_norm if op.endswith("rms_norm") else layer_norm
-        blocks = _coop.coop_config(80, 100, 4, torch.device(fuseaudit_device), module.TUNING.float32_many_rows)
+    with _launch.retuned(_coop, INTERPRETER_SMS=SPLIT_SMS), split_many_rows(chunk=32, per_sm=1):
+        blocks = _coop.coop_config(80, 100, 4, torch.device(fuseaudit_device), Split(32, 4, 1))
         assert blocks is not None and blocks.splits == 4
         assert blocks.groups is not None and 80 // blocks.groups >= 2, "each group must take several rows"
         inputs = materialize(case, fuseaudit_device)
         assert _plan_kernel(op, inputs, case.params).endswith("_coop_kernel")
         run_case(spec, spec.load_reference(), case, device=fuseaudit_device,
                  target=spec.reference).raise_for_failures()
-        # bfloat16 rows keep one program a row: the rule is float32's
+        # bfloat16 rows keep one program a row: only the float32 rows split here
         half = {k: v.to(torch.bfloat16) for k, v in inputs.items()}
         assert not _plan_kernel(op, half, case.params).endswith("_coop_kernel")
-
-
-def test_many_rows_routing():
-    """The real rules: which float32 rows split over groups, and that a group's programs fit the SMs."""
-    from fuseaudit.kernels import _coop, rms_norm
-
-    rule = rms_norm.TUNING.float32_many_rows
-    add_rule = rms_norm.ADD_TUNING.float32_many_rows
-    assert rule is not None and add_rule is not None
-
-    def cfg(rows, n, size, many=rule, sms=132):
-        return _coop._coop_config(rows, n, size, sms, _coop.knobs(), many)
-
-    assert cfg(16384, 65536, 4) == _coop.CoopBlocks(chunk=8192, splits=8, num_warps=8, groups=33)
-    assert cfg(16384, 32768, 4) is None, "rows of 32768 are held whole (RowTuning.float32_whole_from)"
-    assert cfg(16384, 65536, 4, many=None) is None
-    assert cfg(8, 65536, 4, many=None) == cfg(8, 65536, 4), "a few rows keep one row a group"
-    assert cfg(16384, 65536, 4, many=add_rule) == _coop.CoopBlocks(4096, 16, 8, groups=16)
-    assert cfg(128, 65536, 4, many=add_rule) is None and cfg(128, 65536, 4) is not None, \
-        "add_rms_norm splits from 1024 rows, rms_norm from 67"
-    for rows in (67, 100, 1024, 16384, 10**6):
-        for n in (32769, 40000, 65536, 100000, 262144):
-            blocks = cfg(rows, n, 4)
-            assert blocks is not None and blocks.groups is not None
-            assert blocks.groups * blocks.splits <= 132 * rule.per_sm, "a cooperative grid must be resident at once"
-            assert blocks.groups <= min(rows, _coop.MAX_ROWS)
-            assert blocks.chunk * (blocks.splits - 1) < n <= blocks.chunk * blocks.splits

@@ -271,9 +271,10 @@ def _keep_plans(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_retuned_plans_follow_the_constants(fuseaudit_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plans are keyed by the call, not by the module constants they were built from: ``retuned`` sets those,
+    """Plans are keyed by the call, not by the tables and constants they were built from: ``retuned`` sets those,
     forgets the kept plans on entry and exit, and restores the old values even when the block raises."""
-    from fuseaudit.kernels import _rows, softmax
+    from fuseaudit.kernels import _tuning, softmax
+    from fuseaudit.kernels._tuning import RowConfig
 
     _keep_plans(fuseaudit_device, monkeypatch)
     x = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0)).to(fuseaudit_device)
@@ -282,41 +283,45 @@ def test_retuned_plans_follow_the_constants(fuseaudit_device: str, monkeypatch: 
     def kernels() -> list[str]:
         return [plan.kernel.__name__ for plan in _launch._PLANS.values() if plan is not None]
 
-    cap = _rows.MAX_FUSED_BYTES
+    tables = _tuning.TABLES
+    looped = {**tables, "softmax": tuple(row._replace(config=RowConfig("looped", warps=4, block_n=64))
+                                         for row in tables["softmax"])}
     for _ in range(2):
         torch.testing.assert_close(softmax.softmax(x).double(), want)
-    assert kernels() == ["softmax_kernel"], "one plan, kept: whole rows at the shipped cap"
-    with pytest.raises(KeyboardInterrupt), _launch.retuned(_rows, MAX_FUSED_BYTES=256):
-        assert not _launch._PLANS and _rows.MAX_FUSED_BYTES == 256
+    assert kernels() == ["softmax_kernel"], "one plan, kept: whole rows in the shipped table"
+    with pytest.raises(KeyboardInterrupt), _launch.retuned(_tuning, TABLES=looped):
+        assert not _launch._PLANS and _tuning.TABLES is looped
         torch.testing.assert_close(softmax.softmax(x).double(), want)
-        assert kernels() == ["softmax_wide_kernel"], "the same call under the lowered cap loops"
+        assert kernels() == ["softmax_wide_kernel"], "the same call under a looped table loops"
         raise KeyboardInterrupt
-    assert _rows.MAX_FUSED_BYTES == cap and not _launch._PLANS, "restored and forgotten, though the block raised"
+    assert _tuning.TABLES is tables and not _launch._PLANS, "restored and forgotten, though the block raised"
     softmax.softmax(x)
     assert kernels() == ["softmax_kernel"]
-    with pytest.raises(AttributeError), _launch.retuned(_rows, MAX_FUSED_BYTE=256):  # misspelt: nothing is set
+    with pytest.raises(AttributeError), _launch.retuned(_tuning, TABLE=looped):  # misspelt: nothing is set
         pass
-    assert not hasattr(_rows, "MAX_FUSED_BYTE")
+    assert not hasattr(_tuning, "TABLE")
     _launch.clear_cache()
 
 
 def test_retuned_reaches_cached_tile_choices() -> None:
-    """The tile choices are cached by their arguments, not by the module constants they read: ``retuned`` (through
-    ``clear_cache``) forgets them, so a constant changed after a first call is seen inside the block and the old
-    value after it."""
-    from fuseaudit.kernels import _coop, _rows, layer_norm
+    """The table look-ups and splits are cached by their arguments, not by the tables and constants they read:
+    ``retuned`` (through ``clear_cache``) forgets them, so a table changed after a first call is seen inside the
+    block and the old one after it."""
+    from fuseaudit.kernels import _coop, _tuning
+    from fuseaudit.kernels._tuning import RowConfig, Split, TableRow
 
-    def block_m() -> int:  # 4096 rows of 512: ROW_TILE // 512 rows a program
-        return _rows._row_block_config(4096, 512, 2, layer_norm.TUNING, _rows.MAX_FUSED_BYTES, False).block_m
+    def config() -> RowConfig:
+        return _tuning.row_config("layer_norm", torch.bfloat16, 4096, 512)
 
     def splits() -> object:  # 8 wide rows on 132 SMs: split over programs unless MAX_ROWS is below 8
-        return _coop._coop_config(8, 65536, 2, 132, _coop.knobs(), None)
+        return _coop._coop_config(8, 65536, 2, 132, _coop.knobs(), Split())
 
-    shipped = block_m()
-    assert shipped == _rows.ROW_TILE // 512 > 1 and splits() is not None
-    with _launch.retuned(_rows, ROW_TILE=_rows.ROW_TILE // 2), _launch.retuned(_coop, MAX_ROWS=4):
-        assert block_m() == shipped // 2 and splits() is None
-    assert block_m() == shipped and splits() is not None
+    shipped, other = config(), RowConfig("whole", warps=8)
+    assert shipped != other and splits() is not None
+    table = (TableRow(frozenset({"fp16", "bf16", "fp32"}), 1, None, 1, None, other),)
+    with _launch.retuned(_tuning, TABLES={**_tuning.TABLES, "layer_norm": table}), _launch.retuned(_coop, MAX_ROWS=4):
+        assert config() == other and splits() is None
+    assert config() == shipped and splits() is not None
 
 
 def test_no_test_patches_what_plans_are_built_from() -> None:
@@ -325,7 +330,7 @@ def test_no_test_patches_what_plans_are_built_from() -> None:
     import pathlib
     import re
 
-    patch = re.compile(r"(mock\.patch(\.object|\.multiple)?|monkeypatch\.setattr)\(\s*(_rows|_coop|rms_norm|"
+    patch = re.compile(r"(mock\.patch(\.object|\.multiple)?|monkeypatch\.setattr)\(\s*(_rows|_coop|_tuning|rms_norm|"
                        r"layer_norm|softmax|bias_act|gated|module)\b")
     found = [f"{path.name}:{number}" for path in sorted(pathlib.Path(__file__).parent.glob("*.py"))
              for number, line in enumerate(path.read_text().splitlines(), 1) if patch.search(line)]

@@ -73,16 +73,15 @@ def _assert_meets_policy(op: str, got: object, inputs: dict[str, torch.Tensor], 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("op", ["layer_norm", "add_layer_norm"])
 def test_one_pass_rows_meet_the_policy(op: str, dtype: torch.dtype, n: int, fuseaudit_device: str) -> None:
-    from fuseaudit.kernels import _launch, _rows, layer_norm
+    from fuseaudit.kernels import _launch, _tuning, layer_norm
+    from fuseaudit.kernels._tuning import RowConfig
 
     gen = torch.Generator().manual_seed(n)
     rows = _test_rows(n, gen)
     inputs = _inputs(op, rows, gen, fuseaudit_device, dtype)
     params = {"eps": 1e-5}
-    tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
-    with _launch.retuned(_rows, INTERPRETER_TILE=1):
-        assert _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)[0] == 1, "one row a program"
-        got = getattr(layer_norm, op)(**inputs, **params)
+    with _launch.retuned(_tuning, INTERPRETER_TILE=1):  # one row a program
+        got = layer_norm.with_config(op, RowConfig("whole", warps=8))(**inputs, **params)
     _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}")
 
 
@@ -107,33 +106,27 @@ def _wide_rows(n: int, block: int, gen: torch.Generator) -> dict[str, torch.Tens
 def test_looped_rows_meet_the_policy(op: str, pass1: str, dtype: torch.dtype, ratio: str,
                                      fuseaudit_device: str) -> None:
     """The looped pass 1 on rows of 40 blocks, near-constant and far-offset ones among them, meets the policy.
-    layer_norm's ``welford`` (half precision up to ``FIXED_WIDTH_MAX``, float32): Welford in each lane, the lanes
+    layer_norm's ``welford`` (rows compiled for their width, ``RowConfig.fixed``): Welford in each lane, the lanes
     merged as sums about x0 or, x0 far out, by Chan's formula (float32: the row's mean, then M2 about it, whatever
-    the ratio); its ``shifted`` (half-precision rows wider than ``FIXED_WIDTH_MAX``, forced here by setting it to
-    0): lane sums of ``x - k``, ``k`` the first block's mean, or the exact fallback.  Under the interpreter, whose
+    the ratio); its ``shifted`` (half-precision rows not compiled for their width): lane sums of ``x - k``, ``k``
+    the first block's mean, or the exact fallback.  Under the interpreter, whose
     kernels read ``ONE_PASS_RATIO`` at each launch, either branch is forced.  add_layer_norm's pass 1 (Chan's merge
     of blocks) takes the same rows."""
-    from fuseaudit.kernels import _launch, _rows, layer_norm
+    from fuseaudit.kernels import _launch, layer_norm
+    from fuseaudit.kernels._tuning import RowConfig
 
     if ratio != "shipped" and (fuseaudit_device != "cpu" or op == "add_layer_norm"):
         pytest.skip("a compiled kernel keeps the ONE_PASS_RATIO it was compiled with; add_layer_norm has no switch")
     if pass1 == "shifted" and dtype == torch.float32:
-        pytest.skip("float32 rows that loop take Welford's pass 1 at any width")
+        pytest.skip("float32 rows not compiled for their width take Chan's pass 1 (add_layer_norm's here)")
     forced = {"shipped": {}, "always exact": {"ONE_PASS_RATIO": -1.0}, "never exact": {"ONE_PASS_RATIO": 1e30}}[ratio]
-    if pass1 == "shifted":
-        forced["FIXED_WIDTH_MAX"] = 0
-    cap = 256  # bytes: blocks of 64 half-precision elements, 32 float32
-    block = cap // dtype.itemsize // 2
+    block = 128 // dtype.itemsize  # 64 half-precision elements, 32 float32
     n = 40 * block
+    config = RowConfig("looped", warps=8, block_n=block, prefetch=1, fixed=pass1 == "welford")
     gen = torch.Generator().manual_seed(40)
     rows = _wide_rows(n, block, gen)
     inputs = _inputs(op, rows, gen, fuseaudit_device, dtype)
     params = {"eps": 1e-5}
-    tuning = layer_norm.TUNING if op == "layer_norm" else layer_norm.ADD_TUNING
-    with _launch.retuned(_rows, MAX_FUSED_BYTES=cap), _launch.retuned(layer_norm, **forced):
-        blocks = _rows.row_block_config(len(rows), n, inputs["x"].element_size(), tuning)
-        assert blocks.wide and blocks.block_n == block, blocks
-        n_fixed = layer_norm.fixed_width(n, inputs["x"].element_size(), op == "add_layer_norm")
-        assert (n_fixed > 0) == (pass1 == "welford"), n_fixed
-        got = getattr(layer_norm, op)(**inputs, **params)
+    with _launch.retuned(layer_norm, **forced):
+        got = layer_norm.with_config(op, config)(**inputs, **params)
     _assert_meets_policy(op, got, inputs, params, list(rows), f"{dtype} N={n}, {pass1}, {ratio}")

@@ -1,0 +1,149 @@
+"""The row ops' launch tables (``kernels/tuning_h200.json``): total, disjoint, and every config correct.
+
+Each table row maps a dtype, a range of row counts and a range of widths to
+a :class:`~fuseaudit.kernels._tuning.RowConfig`.  The look-up must find
+exactly one row for any call, and every config must give the right answer:
+each is forced through the op's wrapper (``with_config``) and
+:func:`fuseaudit.check.run_case` on a small shape it can run, its column
+blocks scaled down (a looped config's blocks to 64 columns, the widths it
+holds alike) and, for the cooperative split, the ``_coop`` constants lowered
+so that a few small rows split (16 SMs counted, chunks of 16 bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import itertools
+from collections.abc import Iterator
+
+import pytest
+from fuseaudit.kernels import _coop, _launch, _tuning
+from fuseaudit.kernels._tuning import RowConfig, Split, TableRow
+
+from fuseaudit.case import Case
+from fuseaudit.catalog import OPS
+from fuseaudit.check import run_case
+
+ROW_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
+HALF_BLOCK = 64  # a looped config's block, scaled down
+LAYOUTS = ("contiguous", "padded", "transposed")
+
+
+def _distinct(op: str) -> list[tuple[str, RowConfig, TableRow]]:
+    """Each ``(dtype class, config)`` of the op's table once (and each split's fallback), with a row holding it."""
+    seen: dict[tuple[frozenset[str], RowConfig], TableRow] = {}
+    for row in _tuning.TABLES[op]:
+        for config in (row.config, dataclasses.replace(row.config, split=None)):
+            seen.setdefault((row.dtypes, config), row)
+    return [("float32" if "fp32" in dtypes else "bfloat16", config, row) for (dtypes, config), row in seen.items()]
+
+
+def _small(config: RowConfig, row: TableRow) -> tuple[RowConfig, int, int]:
+    """``(config, rows, N)``: the config with its blocks scaled down, and a shape it runs as it would at full size."""
+    rows = 3
+    if config.kernel == "looped":
+        scale = max(config.block_n // HALF_BLOCK, 1)
+        small = dataclasses.replace(config, block_n=config.block_n // scale, block_s=config.block_s // scale)
+        if row.min_n == row.max_n:  # a width the config holds exactly (e.g. two blocks)
+            n = max(row.min_n // scale, 1)
+        else:
+            n = 4 * small.stats_block if config.keep else 3 * small.block_n + 37
+    else:
+        small = config
+        n = 600 if config.kernel == "tail" else (min(row.min_n, 512) if row.min_n == row.max_n else 300)
+    if config.split is not None and config.split.chunk:  # many rows: 4 chunks of 32, groups looping over 12 rows
+        small = dataclasses.replace(small, split=Split(chunk=32, warps=4, per_sm=1))
+        rows, n = 12, 100
+    elif config.split is not None:  # a few rows: 4 chunks of 64 (16 SMs, chunks of at least 16 bytes)
+        n = max(n, 229)
+    return small, rows, n
+
+
+def _cases(op: str) -> list[tuple[str, RowConfig, int, int, int]]:
+    """``(dtype, small config, rows, N, configs it stands for)``: configs that differ in ``num_warps`` alone run
+    the same code under the interpreter, so one case covers them (``test_compile_hopper`` compiles each)."""
+    groups: dict[tuple[str, RowConfig, int, int], int] = {}
+    for dtype, config, row in _distinct(op):
+        small, rows, n = _small(config, row)
+        key = (dtype, dataclasses.replace(small, warps=4), rows, n)
+        groups[key] = groups.get(key, 0) + 1
+    return [(dtype, small, rows, n, count) for (dtype, small, rows, n), count in groups.items()]
+
+
+CASES = [(op, i, *entry) for op in ROW_OPS for i, entry in enumerate(_cases(op))]
+
+
+@contextlib.contextmanager
+def _small_splits() -> Iterator[None]:
+    """A few rows of a few elements split (16 SMs counted under the interpreter); one row a program as configured."""
+    from fuseaudit.kernels import _tuning as tuning
+
+    with _launch.retuned(_coop, MIN_CHUNK_BYTES=16, INTERPRETER_SMS=16), _launch.retuned(tuning, INTERPRETER_TILE=1):
+        yield
+
+
+@pytest.mark.parametrize(("op", "index", "dtype", "small", "rows", "n", "count"), CASES,
+                         ids=[f"{op}-{i}" for op, i, *_ in CASES])
+def test_every_config_is_correct(op, index, dtype, small, rows, n, count, fuseaudit_device):
+    """The config, forced through the op's wrapper on a small strided shape, meets every property of the harness."""
+    spec = OPS[op]
+    module = importlib.import_module(spec.reference.split(":")[0])
+    if dtype != "float32" and index % 2:
+        dtype = "float16"
+    layout = LAYOUTS[index % len(LAYOUTS)]
+    case = Case(op=op, dtype=dtype, dims={"lead": (rows,), "N": n}, layouts={name: layout for name in spec.input_names},
+                params=spec.defaults(), seed=index)
+    with _small_splits():
+        if small.split is not None:
+            from torch import device
+
+            size = 4 if dtype == "float32" else 2
+            assert _coop.coop_config(rows, n, size, device(fuseaudit_device), small.split) is not None
+        run_case(spec, module.with_config(op, small), case, device=fuseaudit_device,
+                 target=spec.reference).raise_for_failures()
+
+
+def _edges(op: str) -> list[int]:
+    ends = {e for row in _tuning.TABLES[op] for e in (row.min_n, row.max_n) if e}
+    return sorted({1, 2, 10**7} | {e + d for e in ends for d in (-1, 0, 1) if e + d >= 1})
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_lookup_is_total_and_rows_do_not_overlap(op):
+    """Every dtype x rows x N finds exactly one table row, and no two rows share a call."""
+    table = _tuning.TABLES[op]
+    rows_grid = sorted({1, 2, 10**7} | {e + d for row in table for e in (row.min_rows, row.max_rows) if e
+                                        for d in (-1, 0, 1) if e + d >= 1})
+    for dtype, rows, n in itertools.product(("fp16", "bf16", "fp32"), rows_grid, _edges(op)):
+        holding = [row for row in table if row.holds(dtype, rows, n)]
+        assert len(holding) == 1, f"{op} {dtype} {rows} rows x {n}: {len(holding)} rows hold it"
+    for a, b in itertools.combinations(table, 2):
+        if not a.dtypes & b.dtypes:
+            continue
+        rows_meet = a.min_rows <= (b.max_rows or 10**18) and b.min_rows <= (a.max_rows or 10**18)
+        n_meet = a.min_n <= (b.max_n or 10**18) and b.min_n <= (a.max_n or 10**18)
+        assert not (rows_meet and n_meet), f"{op}: {a} overlaps {b}"
+
+
+def test_table_file_round_trips():
+    """The table says where it was measured, and each config reads back as written."""
+    assert {"device", "torch", "triton", "date"} <= set(_tuning.MEASURED)
+    for table in _tuning.TABLES.values():
+        for row in table:
+            assert RowConfig.from_json(row.config.to_json()) == row.config
+
+
+def test_split_grids_fit_the_sms():
+    """Every split a table asks for is resident at once on an H200 (132 SMs): a cooperative grid must be."""
+    splits = {row.config.split for table in _tuning.TABLES.values() for row in table if row.config.split}
+    for split, rows, n, size in itertools.product(splits, (1, 3, 8, 33, 66, 67, 1024, 16384),
+                                                  (16384, 20000, 32768, 65536, 100000, 262144), (2, 4)):
+        if not split.chunk and rows > 66:
+            continue
+        blocks = _coop._coop_config(rows, n, size, 132, _coop.knobs(), split)
+        if blocks is not None:
+            programs = (blocks.groups or rows) * blocks.splits
+            assert programs <= 132 * max(split.per_sm, 1), f"{split} {rows} x {n}: {programs} programs"
+            assert blocks.chunk * (blocks.splits - 1) < n <= blocks.chunk * blocks.splits

@@ -1,0 +1,264 @@
+"""Measure the row ops' launch configs on a GPU and rewrite their table (``kernels/tuning_h200.json``).
+
+    python tuning/tune_rows.py                      # every op, every table row; rewrites the table
+    python tuning/tune_rows.py --ops softmax --dry-run
+    python tuning/tune_rows.py --points points.txt  # time candidates at given shapes, print, change nothing
+
+For each row of an op's table (a dtype, a range of row counts and a range of
+widths) it takes a few shapes inside the row's ranges, builds the candidate
+configs (the row's own, and a generated space around it, pruned by
+:func:`keep`), checks each candidate's output against the op's current
+output, and times every candidate at every shape: event time after an L2
+flush, interleaved rounds (``fuseaudit.timing.time_events_rounds``), or
+``triton.testing.do_bench`` with ``--do-bench``.  A candidate replaces the
+row's config only where it is faster at every shape of the row by more than
+``--min-gain``; the table is then rewritten with where and when it was
+measured.  A ``--points`` file has one ``op dtype rows N[/stride]`` a line
+(``#`` starts a comment; ``/stride``: rows sliced from ``(rows, stride)``, to
+tell a row alignment's effect from the width's), and prints the candidates'
+times at each point beside ``torch.compile``'s and a device copy's.
+
+The table format is :func:`write_table`'s; ``kernels/_tuning.py`` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import pathlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TABLE = ROOT / "kernels" / "tuning_h200.json"
+OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
+DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+# Shapes a table row is measured at are capped so that a run stays within minutes.
+MAX_ROWS = 16384
+MAX_N = 131072
+MAX_ELEMENTS = 1 << 30
+BLOCKS = (1024, 2048, 4096, 8192, 16384, 32768)
+WARPS = (4, 8, 16, 32)
+
+
+def write_table(path: pathlib.Path, measured: dict[str, Any], tables: dict[str, list[dict[str, Any]]]) -> None:
+    """The table file: where it was measured, then per op its rows, one a line (what ``_tuning.load_tables`` reads)."""
+    lines = ["{", f'  "measured": {json.dumps(measured)},', '  "ops": {']
+    for i, (op, rows) in enumerate(tables.items()):
+        lines.append(f'    "{op}": [')
+        lines += [f"      {json.dumps(row)}{',' if j < len(rows) - 1 else ''}" for j, row in enumerate(rows)]
+        lines.append("    ]" + ("," if i < len(tables) - 1 else ""))
+    lines += ["  }", "}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def keep(config: Any, n_max: int, element_size: int) -> bool:
+    """Whether a candidate config is worth timing for rows up to ``n_max`` wide (the search space's pruning)."""
+    if config.kernel == "looped":
+        return config.block_n < n_max and config.block_n * element_size <= 65536 and config.warps * 32 * 4 <= \
+            config.block_n
+    width = 1 << (max(n_max, 1) - 1).bit_length()
+    return width * element_size <= 131072 and config.warps * 32 <= width
+
+
+def candidates(config: Any, n_max: int, element_size: int) -> list[Any]:
+    """The row's own config first, then a generated space around it (blocks x warps x prefetch, or warps)."""
+    replace = dataclasses.replace
+    out = [config]
+    if config.kernel == "looped":
+        out += [replace(config, block_n=b, block_s=0, warps=w, prefetch=p, keep=config.keep and b == config.block_n)
+                for b in BLOCKS for w in WARPS for p in (0, 1, 2)]
+    else:
+        out += [replace(config, warps=w) for w in WARPS]
+        if config.block_m == 0:
+            return [c for c in dict.fromkeys(out) if c.warps >= 4]
+        if config.kernel == "whole" and n_max > 2048:
+            out.append(replace(config, kernel="tail"))
+    return [c for c in dict.fromkeys(out) if c == config or keep(c, n_max, element_size)]
+
+
+def shapes(row: dict[str, Any]) -> list[tuple[int, int]]:
+    """A few ``(rows, N)`` inside a table row's ranges: its ends and middle, capped."""
+    r0, r1 = row["rows"]
+    n0, n1 = row["n"]
+    r1 = min(r1 or MAX_ROWS, MAX_ROWS)
+    n1 = min(n1 or max(n0, MAX_N), max(n0, MAX_N))
+    out = []
+    for rows in sorted({r0, r1}):
+        for n in sorted({n0, (n0 + n1) // 2, n1}):
+            if rows * n <= MAX_ELEMENTS:
+                out.append((rows, n))
+    return out or [(r0, n0)]
+
+
+def _inputs(op: str, dtype: str, rows: int, n: int, stride: int | None, device: str) -> dict[str, Any]:
+    import torch
+
+    from fuseaudit.catalog import OPS as SPECS
+
+    spec = SPECS[op]
+    dt = getattr(torch, DTYPES[dtype])
+    gen = torch.Generator(device=device).manual_seed(rows * 7 + n)
+    out: dict[str, Any] = {}
+    for name in spec.input_names:
+        if name in ("weight", "bias"):
+            out[name] = torch.randn(n, generator=gen, device=device, dtype=dt)
+        else:
+            full = torch.randn(rows, stride or n, generator=gen, device=device, dtype=dt)
+            out[name] = full[:, :n]
+    return out
+
+
+def _module(op: str) -> Any:
+    import importlib
+
+    family = "softmax" if op == "softmax" else op.removeprefix("add_")
+    return importlib.import_module(f"fuseaudit.kernels.{family}")
+
+
+def _time(fns: list[Callable[[], Any]], do_bench: bool) -> list[float]:
+    """Microseconds per call of each of ``fns`` (inf for one that raised)."""
+    if do_bench:
+        import triton.testing
+
+        out = []
+        for fn in fns:
+            try:
+                out.append(1000 * triton.testing.do_bench(fn, warmup=25, rep=100))
+            except Exception:  # a candidate that does not compile or launch loses
+                out.append(float("inf"))
+        return out
+    from fuseaudit.timing import time_events_rounds
+
+    return [t.median_us if not isinstance(t, Exception) else float("inf")  # type: ignore[union-attr]
+            for t in time_events_rounds(fns, rounds=3)]
+
+
+def _first(out: Any) -> Any:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def measure(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: str, do_bench: bool,
+            stride: int | None = None) -> list[float]:
+    """µs of each config at one shape; a config whose output differs from the first's by more than noise is inf."""
+    import torch
+
+    from fuseaudit.catalog import OPS as SPECS
+
+    spec = SPECS[op]
+    inputs = _inputs(op, dtype, rows, n, stride, device)
+    params = spec.defaults()
+    args = [inputs[name] for name in spec.input_names]
+    module = _module(op)
+    fns = [module.with_config(op, c) for c in configs]
+    calls = [functools.partial(fn, *args, **params) for fn in fns]
+    want = _first(calls[0]()).float()
+    ok = []
+    for call in calls:
+        try:
+            got = _first(call()).float()
+            ok.append(torch.allclose(got, want, rtol=2e-2, atol=2e-2, equal_nan=True))
+        except Exception:
+            ok.append(False)
+    times = _time(calls, do_bench)
+    return [t if good else float("inf") for t, good in zip(times, ok)]
+
+
+def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, dtypes: set[str], min_gain: float,
+         do_bench: bool) -> Iterator[dict[str, Any]]:
+    """The table's rows with each config replaced by the fastest candidate where it wins at every shape."""
+    from fuseaudit.kernels._tuning import RowConfig
+
+    for row in rows_of_table:
+        names = row["dtypes"].split(",")
+        if not set(names) & dtypes:
+            yield row
+            continue
+        dtype = names[0]
+        size = 4 if dtype == "fp32" else 2
+        current = RowConfig.from_json(row["config"])
+        points = shapes(row)
+        cands = candidates(current, max(n for _, n in points), size)
+        times = [measure(op, dtype, r, n, cands, device, do_bench) for r, n in points]
+        best = current
+        for i, cand in enumerate(cands[1:], 1):
+            if all(t[i] * (1 + min_gain) < t[0] for t in times) and \
+                    (best is current or all(t[i] < t[cands.index(best)] for t in times)):
+                best = cand
+        print(f"{op} {row['dtypes']} rows {row['rows']} N {row['n']}: "
+              + ("kept" if best is current else f"-> {best.to_json()}"), file=sys.stderr)
+        yield {**row, "config": best.to_json()}
+
+
+def print_points(path: pathlib.Path, device: str, do_bench: bool) -> None:
+    """For each ``op dtype rows N[/stride]`` line, the table's config and its candidates, µs, and torch.compile's."""
+    import torch
+    from fuseaudit.kernels._tuning import row_config
+
+    from fuseaudit.catalog import OPS as SPECS
+
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        op, dtype, rows_text, n_text = line.split()[:4]
+        n, _, stride_text = n_text.partition("/")
+        rows, n_int, stride = int(rows_text), int(n), int(stride_text) if stride_text else None
+        dt = getattr(torch, DTYPES[dtype])
+        current = row_config(op, dt, rows, n_int)
+        cands = candidates(current, n_int, dt.itemsize)
+        times = measure(op, dtype, rows, n_int, cands, device, do_bench, stride)
+        spec = SPECS[op]
+        inputs = _inputs(op, dtype, rows, n_int, stride, device)
+        args = [inputs[name] for name in spec.input_names]
+        compiled = torch.compile(spec.eager)
+        base = _time([functools.partial(compiled, *args, **spec.defaults()), args[0].clone], do_bench)
+        print(f"{op} {dtype} {rows} x {n_text}: torch.compile {base[0]:.1f} µs, copy {base[1]:.1f} µs")
+        for cand, t in sorted(zip(cands, times), key=lambda ct: ct[1])[:8]:
+            mark = "*" if cand == current else " "
+            print(f"  {mark} {t:9.1f} µs  {json.dumps(cand.to_json())}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated ops (default: all five)")
+    parser.add_argument("--dtypes", default="fp16,bf16,fp32", help="table rows of these dtypes are measured")
+    parser.add_argument("--table", type=pathlib.Path, default=TABLE, help="the table file to read and rewrite")
+    parser.add_argument("--min-gain", type=float, default=0.02, help="a candidate must be this much faster (0.02: 2%%)")
+    parser.add_argument("--do-bench", action="store_true", help="time with triton.testing.do_bench")
+    parser.add_argument("--dry-run", action="store_true", help="measure and print; leave the table as it is")
+    parser.add_argument("--points", type=pathlib.Path, help="time the candidates at these shapes only (see above)")
+    args = parser.parse_args(argv)
+
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        print("tune_rows: a CUDA device is needed to measure", file=sys.stderr)
+        return 2
+    device = "cuda"
+    if args.points:
+        print_points(args.points, device, args.do_bench)
+        return 0
+    data = json.loads(args.table.read_text())
+    tables = dict(data["ops"])
+    for op in args.ops.split(","):
+        tables[op] = list(tune(op, tables[op], device, set(args.dtypes.split(",")), args.min_gain, args.do_bench))
+    measured = {"device": torch.cuda.get_device_name(), "torch": torch.__version__.split("+")[0],
+                "triton": triton.__version__, "date": datetime.date.today().isoformat(),
+                "method": "triton.testing.do_bench" if args.do_bench else "event time after an L2 flush, 3 rounds",
+                "by": "tuning/tune_rows.py"}
+    if args.dry_run:
+        return 0
+    write_table(args.table, measured, tables)
+    print(f"rewrote {args.table}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
