@@ -43,10 +43,11 @@ CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-br
 
 def _case_json(op: str, dtype: str, n: int, rng: random.Random) -> str:
     spec = OPS[op]
-    if spec.family == "attention":
-        dims: dict[str, Any] = {"B": 1, "H": 4, "Hkv": 2, "Sq": 16, "Sk": n, "D": 64}
+    dims: dict[str, Any] = spec.shape.sample_dims("cpu")
+    if "lead" in dims:  # row ops: as many rows as a model's batch
+        dims.update(lead=(rng.randint(1, 64),), N=n)
     else:
-        dims = {"lead": (rng.randint(1, 64),), "N": n}
+        dims["Sk"] = n
     case = Case(op, dtype, dims, {i.name: "contiguous" for i in spec.inputs}, "normal", spec.defaults(),
                 seed=rng.randint(0, 999))
     return case.to_json()
@@ -84,8 +85,8 @@ def _audit(op: str, target: str, kind: str, rng: random.Random, *, fail: str | N
 def _bench_document() -> dict[str, Any]:
     entries = []
     for op, spec in OPS.items():
-        attention = spec.family == "attention"
-        impls = ["reference", "eager", "compile"] + (["sdpa_flash"] if attention else [])
+        attention = spec.compute_bound
+        impls = ["reference", "eager", "compile"] + [f"sdpa_{b}" for b in spec.sdpa_backends[:1]]
         for k, (label, nbytes) in enumerate([("rows=1 N=4096", 2e4), ("rows=1024 N=4096", 2.5e7),
                                              ("rows=16384 N=8192", 8e8)]):
             base_us = 3 + nbytes / 3e6
