@@ -1,14 +1,15 @@
-"""Where the row ops stand against issue #3's speed targets in a stored results file.
+"""Where the row ops stand against the speed targets in a stored results file.
 
-    python benchmarks/sweep_status.py [RESULTS]
+    python tools/sweep_status.py [RESULTS]     (default: reports/results-h200.json.gz)
 
 The sweep: rows {1, 8, 64, 1024, 16384} x hidden {1024 .. 65536} in bfloat16,
 rows {8, 1024, 16384} x hidden {2048, 8192, 32768} in float16 and float32
 (``fuseaudit.sweep``), each op's reference point against torch.compile
-(``speedup_vs_compile``), and the points moving 256 MB or more against 92%
-of the copy bandwidth; then the same counts over every reference row-op
-point in the file.  A point stored twice counts once, as the report shows
-it (the first: ``benchmarks/update_results.py`` puts the newest first).
+(``speedup_vs_compile``, target 1.0x), and the points moving 256 MB or more
+against 92% of the copy bandwidth; then the same counts over every reference
+row-op point in the file.  A point stored twice counts once, as the report
+shows it (the first).  ``fuseaudit report --target-copy 92 --target-compile 1``
+lists the same misses in the report.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def summary(name: str, keys: list[Key], points: dict[Key, dict[str, Any]], *, wo
 
 
 def main(argv: list[str]) -> int:
-    path = argv[0] if argv else "reports/h200/results-cuda.json"
+    path = argv[0] if argv else "reports/results-h200.json.gz"
     points = reference_points(read_json(path, SystemExit))
     sweep = [(op, "bfloat16", r, n) for op in OPS for r in ROW_ROWS for n in ROW_HIDDEN]
     sweep += [(op, dt, r, n) for op in OPS for dt in ("float16", "float32") for r in ROW_SUBSET_ROWS

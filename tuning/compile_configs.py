@@ -1,6 +1,6 @@
 """What torch.compile builds at row-op points: its generated code and the launch config its autotuner kept (GPU).
 
-    python benchmarks/compile_configs.py OUT_DIR op,dtype,rows,N ...
+    python tuning/compile_configs.py OUT_DIR op,dtype,rows,N ...
 
 For each point the eager composition is compiled as ``fuseaudit bench``
 compiles it (``dynamic=False``, dynamo reset first) and run once; the
