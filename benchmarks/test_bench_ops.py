@@ -22,7 +22,7 @@ from fuseaudit.catalog import OPS
 from fuseaudit.contenders import Contender, ContenderUnavailable, build
 from fuseaudit.launches import count_launches
 from fuseaudit.measure import energy_loop, figures, peak_memory
-from fuseaudit.sweep import Point, bench_inputs, default_points
+from fuseaudit.sweep import bench_inputs
 from fuseaudit.timing import HOLD_US, CudaEventClock, flush_l2
 
 ROUNDS = 50
@@ -30,31 +30,16 @@ WARMUP_ROUNDS = 5
 ENERGY_SECONDS = 1.0  # back-to-back loop for energy per call (the counter is coarse over shorter windows)
 CLOCK = CudaEventClock()
 
-# (rows, hidden) of every row op: a decode batch and a long prefill; and two attention points: prefill and
-# grouped-query decode
-ROW_POINTS = ((8, 8192), (16384, 8192))
 CONTENDERS = {"reference": Contender("reference", "fused"), "eager": Contender("eager", "eager"),
               "compile": Contender("compile", "compile")}
 
 pytestmark = pytest.mark.benchmark(timer=CLOCK, disable_gc=True, min_rounds=ROUNDS)
 
 
-def _points() -> list[Point]:
-    points: list[Point] = []
-    for spec in OPS.values():
-        if spec.family == "attention":
-            quick = default_points(spec, quick=True)
-            points += [p for p in quick if p.label in ("B=4 H=32 S=4096 D=128", "decode B=8 H=32/8 Sk=4096 D=128")]
-        else:
-            rows, hidden = zip(*ROW_POINTS)
-            points += [p for p in default_points(spec, rows=sorted(set(rows)), hidden=sorted(set(hidden)),
-                                                 dtypes=["bfloat16"])
-                       if (p.case.dims["lead"][0], p.case.dims["N"]) in ROW_POINTS]
-    return points
-
-
-# keyed by a plain string, so pytest-benchmark's params stay readable JSON
-POINTS = {f"{p.op}-{p.dtype}-{p.label.replace(' ', '_')}": p for p in _points()}
+# every op at a decode-sized and a large point (its shape's suite points: fuseaudit/shapes.py), keyed by a
+# plain string, so pytest-benchmark's params stay readable JSON
+POINTS = {f"{p.op}-{p.dtype}-{p.label.replace(' ', '_')}": p
+          for spec in OPS.values() for p in spec.shape.suite_points(spec)}
 
 
 @pytest.mark.parametrize("impl", list(CONTENDERS))

@@ -252,8 +252,8 @@ def _job(spec: OpSpec, target: str, *, device: str, examples: int, seed: int | N
             raise AuditUsageError(f"unknown dtype {d!r} in --dtypes; known: {', '.join(DTYPES)}")
     head_list: list[int] | None = None
     if head_dims:
-        if spec.family != "attention":
-            raise AuditUsageError(f"--head-dims applies to attention, not {spec.name}")
+        if not spec.shape.head_dims:
+            raise AuditUsageError(f"--head-dims applies to ops with a head dim (attention), not {spec.name}")
         try:
             head_list = sorted({int(h) for h in _split(head_dims)})
         except ValueError:

@@ -391,8 +391,8 @@ def render_text(result: AuditResult) -> str:
                     break
         if first.replay:
             lines.append(f"{pad}{'replay:':<16}{first.replay}")
-        for other in v.failures[1:3]:
-            lines.append(f"{pad}{'also (' + other.source + '):':<16}{other.describe}")
+        for other in v.failures[1:3]:  # a label of 16 characters or more ("also (determinism):") keeps a space
+            lines.append(f"{pad}{'also (' + other.source + '):':<15} {other.describe}")
         if len(v.failures) > 3:
             lines.append(f"{pad}{'':<16}... and {len(v.failures) - 3} more (see --json)")
     if result.replay_report and result.replay_report.get("comparisons"):

@@ -133,8 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", type=_csv("op", tuple(OPS)), default=None,
                         help="comma-separated ops (default: all)")
     parser.add_argument("--dtypes", type=_csv("dtype", tuple(DTYPES)), default=None,
-                        help="comma-separated dtypes to keep (default: each family's sweep)")
-    parser.add_argument("--quick", action="store_true", help="a few points per op family (a smoke run)")
+                        help="comma-separated dtypes to keep (default: each op's sweep)")
+    parser.add_argument("--quick", action="store_true", help="a few points per op (a smoke run)")
     parser.add_argument("--rows", type=_ints, default=None, help="replace the row-op grid's row counts")
     parser.add_argument("--hidden", type=_ints, default=None, help="replace the row-op grid's hidden sizes")
     parser.add_argument("--contenders", type=_csv("contender kind", KINDS), default=list(KINDS),
@@ -424,7 +424,7 @@ def format_table(benchmarks: list[dict[str, Any]]) -> str:
             op, label, dtype, _fmt(f_us, ".1f"), _fmt(us.get("eager"), ".1f"), _fmt(us.get("compile"), ".1f"),
             *[_fmt(us.get(i), ".1f") for i in extra_impls],
             _fmt(info.get("gbps"), ".0f"), _fmt(info.get("pct_copy"), ".0f"),
-            _fmt(info.get("tflops"), ".0f") if OPS.get(op) and OPS[op].family == "attention" else "-",
+            _fmt(info.get("tflops"), ".0f") if OPS.get(op) and OPS[op].compute_bound else "-",
             _fmt(us["eager"] / f_us if f_us and "eager" in us else None, ".2f"),
             _fmt(us["compile"] / f_us if f_us and "compile" in us else None, ".2f"),
         ])

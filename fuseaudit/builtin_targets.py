@@ -42,11 +42,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .catalog import OPS, get_op
+from .shapes import ATTENTION
 from .targets import BUILTIN_PREFIX, TargetError
 
 ALL_DTYPES = ("float32", "bfloat16", "float16")
 HALF_DTYPES = ("bfloat16", "float16")
-_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
+_HEAD_DIMS = ATTENTION.head_dims
 
 
 @dataclass(frozen=True)

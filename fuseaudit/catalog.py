@@ -4,9 +4,13 @@ Each :class:`OpSpec` carries an op's canonical signature, its inputs and
 keyword parameters, the unfused eager composition (the yardstick, built from
 torch's own functionals), the float64 oracle, the launches a fused
 implementation should make, models of the minimum bytes moved and of the
-FLOPs, and the reference kernel that implements it.  Tests, the audit, the
-benchmarks, the reports and the CLI all read the ops from :data:`OPS`;
-adding an op is one entry here plus its kernel.
+FLOPs, the reference kernel that implements it, its shape
+(:mod:`fuseaudit.shapes`: how its cases are drawn, its edge cases, its
+benchmark points), what a benchmark times it against and how its speed is
+rated, and how many cases an audit draws by default.  Tests, the audit, the
+benchmarks, the reports and the CLI all read the ops from :data:`OPS` and
+never test an op's name or kind: adding an op is one entry here plus its
+kernel.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from .shapes import ATTENTION, Shape
+from .shapes import ROWS as ROW_SHAPE
 
 # Input roles.  "rows": an activation shaped (..., N); "vector": a 1-D
 # parameter of the hidden size N; "q" / "kv": attention operands
@@ -45,7 +52,7 @@ class OpSpec:
     """One op of the catalog.  See DESIGN.md for the canonical signatures."""
 
     name: str
-    family: str  # "rows" (last dim is the hidden dim) or "attention"
+    shape: Shape  # how its inputs are sized, drawn, swept (fuseaudit.shapes: ROWS or ATTENTION)
     inputs: tuple[Input, ...]
     params: tuple[Param, ...]
     outputs: tuple[str, ...]
@@ -72,6 +79,21 @@ class OpSpec:
     launches: int = 1
     regimes: tuple[str, ...] = ("normal", "large", "outliers", "zeros", "near_constant", "shifted")
     flops_per_element: float = 1.0
+    # FLOPs of one call from the input shapes and params, where not flops_per_element x the first input's size
+    flops_model: Callable[[dict[str, tuple[int, ...]], dict[str, Any]], float] | None = None
+    # elements of the unit eager_temporaries counts in, where not the first input's size
+    temporary_elements: Callable[[dict[str, tuple[int, ...]]], int] | None = None
+    # bound by arithmetic, not memory traffic: its speed is rated in TFLOP/s, not as a share of the copy bandwidth
+    compute_bound: bool = False
+    # what a benchmark times as "eager", where not ``eager`` (attention: SDPA's default dispatch; the MATH
+    # composition is a correctness yardstick, not a speed one), and how a benchmark file names it
+    speed_eager: Callable[..., Any] | None = None
+    speed_eager_note: str | None = None
+    # SDPA backends that are benchmark contenders of their own, each pinned (contenders.py)
+    sdpa_backends: tuple[str, ...] = ()
+    # cases an audit of `fuseaudit run` draws by default, on the CPU (Triton's interpreter) and on a GPU
+    examples_cpu: int = 40
+    examples_cuda: int = 30
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     # -- signature ----------------------------------------------------------
@@ -88,6 +110,15 @@ class OpSpec:
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
+
+    def default_examples(self, device: str) -> int:
+        """Cases an audit of ``fuseaudit run`` draws on ``device`` unless told otherwise."""
+        return self.examples_cuda if device.startswith("cuda") else self.examples_cpu
+
+    @property
+    def speed_baseline(self) -> Callable[..., Any]:
+        """The function a benchmark times as "eager"."""
+        return self.speed_eager or self.eager
 
     # -- semantics ----------------------------------------------------------
     def run_eager(self, inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> tuple[torch.Tensor, ...]:
@@ -156,16 +187,15 @@ class OpSpec:
 
     def flops(self, shapes: dict[str, tuple[int, ...]], params: dict[str, Any]) -> float:
         """Floating-point operations of one call (matrix FLOPs for attention)."""
-        if self.family == "attention":
-            return 4.0 * attention_pairs(shapes, params) * shapes["q"][-1]
+        if self.flops_model is not None:
+            return self.flops_model(shapes, params)
         return self.flops_per_element * math.prod(shapes[self.inputs[0].name])
 
     def intermediate_bytes(self, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> int:
         """Bytes of the temporaries eager writes and reads back (written once, read once)."""
         size = torch.empty((), dtype=dtype).element_size()
-        if self.family == "attention":
-            b, h, sq, _ = shapes["q"]
-            unit = b * h * sq * shapes["k"][2]
+        if self.temporary_elements is not None:
+            unit = self.temporary_elements(shapes)
         else:
             unit = math.prod(shapes[self.inputs[0].name])
         return int(2 * size * self.eager_temporaries * unit)
@@ -180,6 +210,17 @@ def attention_pairs(shapes: dict[str, tuple[int, ...]], params: dict[str, Any]) 
     full = max(0, sq - sk)  # rows that see every key
     tri = min(sq, sk)
     return b * h * (tri * (tri + 1) // 2 + full * sk)
+
+
+def _attention_flops(shapes: dict[str, tuple[int, ...]], params: dict[str, Any]) -> float:
+    """Matrix FLOPs: ``q k^T`` and ``p v``, two multiply-adds per attended pair and head dim."""
+    return 4.0 * attention_pairs(shapes, params) * shapes["q"][-1]
+
+
+def _score_elements(shapes: dict[str, tuple[int, ...]]) -> int:
+    """Elements of the ``Sq x Sk`` score matrix, over batch and heads."""
+    b, h, sq, _ = shapes["q"]
+    return b * h * sq * shapes["k"][2]
 
 
 def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
@@ -243,6 +284,21 @@ def _attention(q, k, v, causal=False, scale=None):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
+# torch >= 2.5 takes grouped-query k/v natively; older torch repeats the heads
+_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def sdpa_default(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                 scale: float | None = None) -> torch.Tensor:
+    """SDPA with torch's own backend choice; grouped-query heads natively where torch can (>= 2.5)."""
+    if k.shape[1] != q.shape[1]:
+        if _ENABLE_GQA:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
 def _rms_norm_maths(x, weight, eps=1e-6, *, dtype=None):
     # the oracle spelled out: F.rms_norm's CUDA kernel turns a row holding inf into NaN, the maths gives x * 0
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
@@ -268,11 +324,11 @@ _SOFTMAX_REGIMES = ("normal", "large", "outliers", "zeros", "near_constant", "sh
 _ATTN_REGIMES = ("normal", "large", "outliers", "zeros", "shifted")
 
 
-def _op(name, family, inputs, outputs, eager, meaning, kernel_file, **kw) -> OpSpec:
+def _op(name, shape, inputs, outputs, eager, meaning, kernel_file, **kw) -> OpSpec:
     params = kw.pop("params", ())
     return OpSpec(
         name=name,
-        family=family,
+        shape=shape,
         inputs=tuple(Input(n, r) for n, r in inputs),
         params=tuple(params),
         outputs=outputs,
@@ -288,52 +344,54 @@ _APPROX = Param("approximate", "none", ("none", "tanh"))
 OPS: dict[str, OpSpec] = {
     op.name: op
     for op in [
-        _op("bias_gelu", "rows", [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_gelu,
+        _op("bias_gelu", ROW_SHAPE, [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_gelu,
             'F.gelu(x + bias, approximate=...)', "bias_act", params=[_APPROX],
             fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=20,
             error_scale_of="inputs"),
-        _op("bias_silu", "rows", [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_silu,
+        _op("bias_silu", ROW_SHAPE, [("x", ROWS), ("bias", VECTOR)], ("y",), _bias_silu,
             "F.silu(x + bias)", "bias_act",
             fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=6,
             error_scale_of="inputs"),
-        _op("residual_bias_gelu", "rows", [("x", ROWS), ("residual", ROWS), ("bias", VECTOR)], ("y",),
+        _op("residual_bias_gelu", ROW_SHAPE, [("x", ROWS), ("residual", ROWS), ("bias", VECTOR)], ("y",),
             _residual_bias_gelu, "F.gelu(x + residual + bias)", "bias_act",
             fallback_ulps=8, eager_temporaries=2, regimes=_POINTWISE_REGIMES, flops_per_element=21,
             error_scale_of="inputs"),
-        _op("swiglu", "rows", [("gate", ROWS), ("up", ROWS)], ("y",), _swiglu,
+        _op("swiglu", ROW_SHAPE, [("gate", ROWS), ("up", ROWS)], ("y",), _swiglu,
             "F.silu(gate) * up", "gated",
             fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=6),
-        _op("geglu", "rows", [("gate", ROWS), ("up", ROWS)], ("y",), _geglu,
+        _op("geglu", ROW_SHAPE, [("gate", ROWS), ("up", ROWS)], ("y",), _geglu,
             "F.gelu(gate, approximate=...) * up", "gated", params=[_APPROX],
             fallback_ulps=8, eager_temporaries=1, regimes=_POINTWISE_REGIMES, flops_per_element=20),
-        _op("rms_norm", "rows", [("x", ROWS), ("weight", VECTOR)], ("y",), _rms_norm,
+        _op("rms_norm", ROW_SHAPE, [("x", ROWS), ("weight", VECTOR)], ("y",), _rms_norm,
             "F.rms_norm(x, (N,), weight, eps)", "rms_norm",
             params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
             oracle_fn=_rms_norm_maths, flops_per_element=4, reduction="row", regimes=_NORM_REGIMES),
-        _op("add_rms_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR)], ("y", "h"),
+        _op("add_rms_norm", ROW_SHAPE, [("x", ROWS), ("residual", ROWS), ("weight", VECTOR)], ("y", "h"),
             _add_rms_norm, "h = x + residual; (F.rms_norm(h, (N,), weight, eps), h)", "rms_norm",
             params=[Param("eps", 1e-6, (1e-6, 1e-5))], fallback_ulps=16, eager_temporaries=0,
             oracle_fn=_add_norm_oracle(_rms_norm_maths), flops_per_element=5, reduction="row", regimes=_NORM_REGIMES),
-        _op("layer_norm", "rows", [("x", ROWS), ("weight", VECTOR), ("bias", VECTOR)], ("y",),
+        _op("layer_norm", ROW_SHAPE, [("x", ROWS), ("weight", VECTOR), ("bias", VECTOR)], ("y",),
             _layer_norm, "F.layer_norm(x, (N,), weight, bias, eps)", "layer_norm",
             params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16, eager_temporaries=0,
             flops_per_element=8, reduction="row", error_scale_of="centred", regimes=_NORM_REGIMES),
-        _op("add_layer_norm", "rows", [("x", ROWS), ("residual", ROWS), ("weight", VECTOR), ("bias", VECTOR)],
+        _op("add_layer_norm", ROW_SHAPE, [("x", ROWS), ("residual", ROWS), ("weight", VECTOR), ("bias", VECTOR)],
             ("y", "h"), _add_layer_norm, "h = x + residual; (F.layer_norm(h, (N,), weight, bias, eps), h)",
             "layer_norm", params=[Param("eps", 1e-5, (1e-5, 1e-6))], fallback_ulps=16,
             eager_temporaries=0, oracle_fn=_add_norm_oracle(_layer_norm), flops_per_element=9, reduction="row",
             error_scale_of="centred", regimes=_NORM_REGIMES),
-        _op("softmax", "rows", [("x", ROWS)], ("y",), _softmax,
+        _op("softmax", ROW_SHAPE, [("x", ROWS)], ("y",), _softmax,
             "torch.softmax(x * scale, dim=-1)", "softmax",
             params=[Param("scale", 1.0, (1.0, 0.125, 2.0, 0.08838834764831845))],
             fallback_ulps=16, eager_temporaries=1, flops_per_element=5, reduction="row",
             error_scale_of="logits", regimes=_SOFTMAX_REGIMES),
-        _op("attention", "attention", [("q", Q), ("k", KV), ("v", KV)], ("y",), _attention,
+        _op("attention", ATTENTION, [("q", Q), ("k", KV), ("v", KV)], ("y",), _attention,
             "F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale); "
             "k, v may have fewer heads (grouped-query); causal top-left aligned", "attention",
             params=[Param("causal", False, (False, True)), Param("scale", None, (None, 0.1))],
             fallback_ulps=64, eager_temporaries=2, regimes=_ATTN_REGIMES,
-            error_scale_of="v"),
+            error_scale_of="v", flops_model=_attention_flops, temporary_elements=_score_elements,
+            compute_bound=True, speed_eager=sdpa_default, speed_eager_note="SDPA default dispatch",
+            sdpa_backends=("flash", "cudnn", "efficient"), examples_cpu=12, examples_cuda=20),
     ]
 }
 

@@ -16,14 +16,10 @@ from .catalog import OPS, OpSpec
 from .launches import count_launches, short_name
 from .profiles import resolve_device
 
-ROW_DIMS = {"cpu": {"lead": (4, 8), "N": 1000}, "cuda": {"lead": (64,), "N": 4096}}
-ATTN_DIMS = {"cpu": {"B": 1, "H": 4, "Hkv": 2, "Sq": 16, "Sk": 24, "D": 64},
-             "cuda": {"B": 2, "H": 8, "Hkv": 2, "Sq": 512, "Sk": 512, "D": 128}}
-
 
 def representative_case(spec: OpSpec, device: str) -> Case:
-    dims = ATTN_DIMS[device] if spec.family == "attention" else ROW_DIMS[device]
-    return Case(spec.name, "float16", dict(dims), {}, "normal", spec.defaults(), seed=0)
+    """Contiguous float16 inputs of the op's representative dims for ``device`` (its shape's sample)."""
+    return Case(spec.name, "float16", spec.shape.sample_dims(device), {}, "normal", spec.defaults(), seed=0)
 
 
 def launch_table(ops: list[str], device: str) -> list[dict[str, Any]]:

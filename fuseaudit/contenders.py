@@ -3,11 +3,13 @@
 For every op: ``reference`` (our fused Triton kernel), ``eager`` (the unfused
 composition of torch functionals, one kernel per step) and ``compile``
 (``torch.compile`` of that same composition, ``dynamic=False``, compiled once
-per op, shape and dtype: what a user gets for free).  For attention the
-eager baseline is SDPA's default dispatch (the catalog's math-backend
-composition is a correctness yardstick, not a speed one), and each SDPA
-backend -- flash, cuDNN, memory-efficient -- is a contender of its own,
-pinned with ``torch.nn.attention.sdpa_kernel``.  Third-party targets
+per op, shape and dtype: what a user gets for free).  Where the catalog
+names another speed baseline (``OpSpec.speed_eager``: for attention SDPA's
+default dispatch, as the math-backend composition is a correctness yardstick,
+not a speed one), that is "eager" and what ``compile`` compiles; each SDPA
+backend the catalog lists for an op (``OpSpec.sdpa_backends``: flash, cuDNN,
+memory-efficient) is a contender of its own, pinned with
+``torch.nn.attention.sdpa_kernel``.  Third-party targets
 (``module:function``, ``file.py:function`` or ``builtin:NAME``) join under
 a name.
 
@@ -24,18 +26,17 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
-from .catalog import OpSpec
+from .catalog import OpSpec, sdpa_default
 from .sweep import Point
 from .targets import TargetError, load_target
 
 __all__ = ["KINDS", "SDPA_BACKENDS", "Built", "Contender", "ContenderUnavailable", "build", "contenders_for",
            "sdpa_default"]
 
-# --contenders choices: "sdpa" stands for every SDPA backend (attention only)
+# --contenders choices: "sdpa" stands for every SDPA backend of the op (OpSpec.sdpa_backends)
 KINDS = ("reference", "eager", "compile", "sdpa", "targets")
-SDPA_BACKENDS = ("flash", "cudnn", "efficient")
+SDPA_BACKENDS = ("flash", "cudnn", "efficient")  # every backend _pinned_sdpa can pin
 _BACKEND_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
@@ -60,21 +61,6 @@ class Built:
     call: Callable[[], Any]
     first_call_s: float
     note: str | None = None
-
-
-# torch >= 2.5 takes grouped-query k/v natively; older torch repeats the heads
-_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
-
-
-def sdpa_default(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                 scale: float | None = None) -> torch.Tensor:
-    """SDPA with torch's own backend choice; grouped-query heads natively where torch can (>= 2.5)."""
-    if k.shape[1] != q.shape[1]:
-        if _ENABLE_GQA:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
 def _pinned_sdpa(backend: str) -> Callable[..., torch.Tensor]:
@@ -106,16 +92,12 @@ def contenders_for(spec: OpSpec, *, include: Sequence[str] = KINDS,
         out.append(Contender("eager", "eager"))
     if "compile" in include:
         out.append(Contender("compile", "compile"))
-    if "sdpa" in include and spec.family == "attention":
-        out += [Contender(f"sdpa_{b}", "backend") for b in SDPA_BACKENDS]
+    if "sdpa" in include:
+        out += [Contender(f"sdpa_{b}", "backend") for b in spec.sdpa_backends]
     if "targets" in include:
         for name, target in (targets or {}).items():
             out.append(Contender(name, "target", target))
     return out
-
-
-def _eager_fn(spec: OpSpec) -> Callable[..., Any]:
-    return sdpa_default if spec.family == "attention" else spec.eager
 
 
 def _function(contender: Contender, spec: OpSpec) -> tuple[Callable[..., Any], str | None]:
@@ -128,12 +110,13 @@ def _function(contender: Contender, spec: OpSpec) -> tuple[Callable[..., Any], s
             raise ContenderUnavailable(f"{spec.name} has no reference kernel")
         return fn, None
     if contender.role == "eager":
-        return _eager_fn(spec), ("SDPA default dispatch" if spec.family == "attention" else None)
+        return spec.speed_baseline, spec.speed_eager_note
     if contender.role == "compile":
         import torch._dynamo
 
         torch._dynamo.reset()  # one compilation per op/shape/dtype; no recompile limit reached
-        return torch.compile(_eager_fn(spec), dynamic=False), "torch.compile(dynamic=False) of the eager composition"
+        compiled = torch.compile(spec.speed_baseline, dynamic=False)
+        return compiled, "torch.compile(dynamic=False) of the eager composition"
     if contender.role == "backend":
         return _pinned_sdpa(contender.name.removeprefix("sdpa_")), None
     if contender.role == "target":

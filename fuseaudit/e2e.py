@@ -100,6 +100,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from .cli import usage_error
 from .jsonio import write_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -571,8 +572,7 @@ def main(args: argparse.Namespace) -> int:
         if prompt_len + 1 > cfg.max_seq:
             raise ValueError(f"--prompt-len {prompt_len} + 1 exceeds the config's max_seq {cfg.max_seq}")
     except ValueError as exc:
-        print(f"fuseaudit: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("e2e", str(exc))
 
     import torch
     import triton

@@ -164,6 +164,7 @@ import torch
 from torch import nn
 
 from .catalog import get_op
+from .cli import usage_error
 from .jsonio import write_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -1322,8 +1323,7 @@ def main(args: argparse.Namespace) -> int:
             impls[v], specs[v] = load_impls(v, ops, targets, device)
         profile_batch = args.profile_batch or min(batches)
     except (ValueError, SwapError) as exc:
-        print(f"fuseaudit: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("e2e", str(exc))
 
     import triton
 
@@ -1357,8 +1357,7 @@ def main(args: argparse.Namespace) -> int:
         checked = check_agreement(model, arch, impls, batch=check_batch, prompt_len=prompt_len, gen_tokens=gen_tokens,
                                   seed=args.seed, oracle_dtype=getattr(torch, args.oracle))
     except SwapError as exc:
-        print(f"fuseaudit: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return usage_error("e2e", str(exc))
     report.update(checked)
     _write(report, path)
     if gpu:

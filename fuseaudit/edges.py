@@ -23,13 +23,13 @@ and reported and replayed as the search's minimal cases are.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Callable
 
 from .case import LAYOUTS, NON_FINITE_REGIMES, Case, can_transpose
 from .catalog import OpSpec
-from .strategies import _HEAD_DIMS, SIZE_PROFILES
+from .strategies import SIZE_PROFILES
 
 # Row widths worth one case each: where models sit and kernels change strategy.
 MODEL_WIDTHS = (8192, 11008, 14336, 65537)
@@ -37,7 +37,8 @@ ROW_COUNTS = (65, 300)  # past a 64-row tile, and well past it
 SEED = 9001
 
 
-def _row_dims(max_n: int, max_rows: int) -> list[dict[str, Any]]:
+def row_edge_dims(max_n: int, max_rows: int) -> list[dict[str, Any]]:
+    """The row ops' edge dims (:data:`fuseaudit.shapes.ROWS`)."""
     dims = [{"lead": (1,), "N": 1}, {"lead": (3, 5), "N": 127}, {"lead": (), "N": 1000}]
     dims.append({"lead": (2,), "N": max_n + 1})  # just past what the search draws
     dims += [{"lead": (2 if n < 65536 else 1,), "N": n} for n in MODEL_WIDTHS]
@@ -46,12 +47,17 @@ def _row_dims(max_n: int, max_rows: int) -> list[dict[str, Any]]:
     return dims
 
 
-def _attention_dims() -> list[dict[str, Any]]:
+def attention_edge_dims(all_head_dims: Sequence[int], head_dims: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Attention's edge dims (:data:`fuseaudit.shapes.ATTENTION`): one case per head dim, cycling the sequences.
+
+    ``head_dims``, the target's declared ones, replace the head dims in turn.
+    """
     shapes = [(1, 4, 1, 1, 37), (2, 4, 2, 33, 17), (1, 2, 2, 17, 33), (1, 8, 2, 64, 64)]
     out = []
-    for i, d in enumerate(_HEAD_DIMS):
+    for i, d in enumerate(all_head_dims):
         b, h, hkv, sq, sk = shapes[i % len(shapes)]
-        out.append({"B": b, "H": h, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d})
+        out.append({"B": b, "H": h, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": head_dims[i % len(head_dims)] if head_dims
+                    else d})
     return out
 
 
@@ -59,12 +65,7 @@ def edge_cases(spec: OpSpec, *, profile: str = "ci", dtypes: list[str] | None = 
                layouts: list[str] | None = None, head_dims: list[int] | None = None) -> list[Case]:
     """The edge set of ``spec`` within the declared support (dtypes, layouts, head dims)."""
     size = SIZE_PROFILES[profile]
-    if spec.family == "attention":
-        dims_list = _attention_dims()
-        if head_dims:
-            dims_list = [{**d, "D": head_dims[i % len(head_dims)]} for i, d in enumerate(dims_list)]
-    else:
-        dims_list = _row_dims(size.max_n, size.max_rows)
+    dims_list = spec.shape.edge_dims(size, head_dims)
     dtype_order = [d for d in ("float32", "bfloat16", "float16") if not dtypes or d in dtypes]
     layout_order = [lay for lay in LAYOUTS if not layouts or lay in layouts] or ["contiguous"]
     cases = []

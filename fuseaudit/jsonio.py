@@ -8,10 +8,9 @@ atomically, so a run killed mid-write keeps the previous version of the file.
 :func:`read_json` reads one back, or raises the caller's error with one line.
 
 A path ending in ``.gz`` is gzip-compressed JSON, written and read alike:
-the committed H200 archive (``reports/h200/``) keeps earlier sessions'
-pytest-benchmark files that way, since the working tree the device tool
-sends must stay under 64 MiB and those files shrink about eightfold
-(``gunzip -k`` gives pytest-benchmark's own tools the plain file).
+results and benchmark files shrink about eightfold that way (the committed
+example, ``reports/results-h200.json.gz``, is one), and ``gunzip -k`` gives
+pytest-benchmark's own tools the plain file.
 """
 
 from __future__ import annotations

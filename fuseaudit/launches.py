@@ -73,11 +73,18 @@ def short_name(kernel: str) -> str:
 
     ``void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDAKernelImpl(...)...>``
     becomes ``vectorized_elementwise_kernel[GeluCUDAKernelImpl]``; ``...BinaryFunctor<..., MulFunctor<float>>``
-    becomes ``...[MulFunctor]``.
+    becomes ``...[MulFunctor]``.  A plain function whose parameter list holds
+    templates keeps its own name: ``fmha_cutlassF_bf16_aligned_64x128_rf_sm80(
+    PyTorchMemEffAttention::AttentionKernel<...>::Params)`` (SDPA's
+    memory-efficient kernel) is ``fmha_cutlassF_bf16_aligned_64x128_rf_sm80``,
+    not its parameter's ``AttentionKernel``.
     """
-    name = kernel.removeprefix("void ").strip()
+    name = kernel.removeprefix("void ").strip().replace("(anonymous namespace)::", "")
     if name.startswith("aten::"):  # the interpreter's count of eager ops: already short
         return name
+    paren, angle = name.find("("), name.find("<")
+    if paren > 0 and (angle < 0 or paren < angle):  # a function, not a template: its parameters say nothing
+        return name[:paren].split("::")[-1]
     if "<" not in name:
         return name.split("(")[0].split("::")[-1]
     base, _, rest = name.partition("<")

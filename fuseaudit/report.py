@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 TEMPLATES = pathlib.Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
 DEFAULT_DIR = pathlib.Path("reports")
-RESULTS_GLOB = "results-*.json"  # a folder's results files (archives, NAME.json.gz, are not picked up)
+RESULTS_GLOB = "results-*.json"  # a folder's results files; a gzipped one (NAME.json.gz) is named on its own
 
 
 def report_name(devices: Sequence[str]) -> str:

@@ -23,16 +23,7 @@ _OPEN, _CLOSE = "<([{", ">)]}"
 
 
 def short_kernel(name: str) -> str:
-    """A kernel name short enough for a table: :func:`launches.short_name`, cut to :data:`KERNEL_NAME_MAX`.
-
-    A plain function whose parameter list holds templates
-    (``fmha_cutlass...(AttentionKernel<...>::Params)``) keeps its own name,
-    not the parameter's.
-    """
-    name = name.removeprefix("void ").strip()
-    paren, angle = name.find("("), name.find("<")
-    if paren > 0 and (angle < 0 or paren < angle):
-        name = name[:paren]
+    """A kernel name short enough for a table: :func:`launches.short_name`, cut to :data:`KERNEL_NAME_MAX`."""
     short = short_name(name)
     if len(short) > KERNEL_NAME_MAX:
         short = short[:KERNEL_NAME_MAX - 1] + "…"

@@ -174,10 +174,19 @@ def _fill_ratios(records: list[dict[str, Any]]) -> None:
                     r["peak_saved_vs_eager_bytes"] = theirs - mine
 
 
-def _is_attention(op: str) -> bool:
-    """Attention is bound by arithmetic: its rate is TFLOP/s, not a share of the copy bandwidth."""
+def _compute_bound(op: str) -> bool:
+    """An op bound by arithmetic (the catalog's ``compute_bound``): its rate is TFLOP/s, not a share of copy."""
     spec = OPS.get(op)
-    return spec is not None and spec.family == "attention"
+    return spec is not None and spec.compute_bound
+
+
+_WIDTH_LABELS = {"hidden": "hidden size N", "keys": "keys (Sk)"}
+
+
+def _width(op: str) -> str:
+    """The case record's size an op's errors are plotted against (its shape's ``width``: hidden or keys)."""
+    spec = OPS.get(op)
+    return spec.shape.width if spec is not None else "hidden"
 
 
 def _main_dtype(records: list[dict[str, Any]]) -> str | None:
@@ -233,7 +242,7 @@ def headline(runs: list[dict[str, Any]], labels: list[str], bench: list[dict[str
         for ref in ("eager", "compile"):
             row[f"vs_{ref}"] = _speedup_cell(mine, ref, timed=bool(bench))
         untimed = "no timing in these results" if not bench else "no reference point of this op in the benchmarks"
-        key, unit = ("tflops", " TFLOP/s") if _is_attention(op) else ("pct_copy", "% of copy")
+        key, unit = ("tflops", " TFLOP/s") if _compute_bound(op) else ("pct_copy", "% of copy")
         best = max((number(r.get(key)) or 0 for r in mine), default=0)
         row["roofline"] = _cell(f"{best:.0f}{unit}") if best else _cell(
             "–", untimed if not mine else "no copy bandwidth was recorded" if key == "pct_copy" else "no FLOP rate")
@@ -370,11 +379,11 @@ def tolerance(runs: list[dict[str, Any]], labels: list[str]) -> dict[str, Any]:
     for n, (run, label) in enumerate(zip(runs, labels)):
         refs = [a for a in run["audits"] if a["kind"] == "reference"]
         h_panels = [{"title": a["op"], "histograms": _merge_outputs(a.get("ulp_histograms") or {})} for a in refs]
-        s_panels = [{"title": a["op"], "xlabel": "keys (Sk)" if c0 else "hidden size N",
-                     "points": [{"x": (c["keys"] if c0 else c["hidden"]) or 1, "dtype": c["dtype"],
+        s_panels = [{"title": a["op"], "xlabel": _WIDTH_LABELS[width],
+                     "points": [{"x": c[width] or 1, "dtype": c["dtype"],
                                  "ulp": number(o.get("max_ulp_err")), "eager_ulp": number(o.get("eager_max_ulp_err")),
                                  "passed": o.get("passed", True)} for c, o in _outputs(a.get("cases", []))]}
-                    for a in refs for c0 in [_is_attention(a["op"])]]
+                    for a in refs for width in [_width(a["op"])]]
         hists.append({"run": label, "svg": charts.ulp_histograms(h_panels, f"hist{n}")})
         scatters.append({"run": label, "svg": charts.error_scatter(s_panels, f"scatter{n}")})
     return {"table": table, "worst": worst, "histograms": [h for h in hists if h["svg"]],
@@ -455,20 +464,20 @@ def speed(records: list[dict[str, Any]], meta: dict[str, Any] | None, power_limi
     time_panels, rate_panels, bars, memory, power = [], [], [], [], []
     for op in ops:
         mine = [r for r in records if r["op"] == op and r["dtype"] == dtype]
-        attention = _is_attention(op)
+        compute = _compute_bound(op)
         series: dict[str, list[tuple[float, float]]] = defaultdict(list)
         rates: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for r in mine:  # attention: FLOPs tell causal from full and prefill from decode; bytes do not
-            x = number(r.get("flops" if attention else "bytes_moved"))
+            x = number(r.get("flops" if compute else "bytes_moved"))
             series[r["impl"]].append((x, r["us"]))
-            rates[r["impl"]].append((x, number(r.get("tflops" if attention else "gbps"))))
-        xlabel = "FLOPs" if attention else "bytes moved"
+            rates[r["impl"]].append((x, number(r.get("tflops" if compute else "gbps"))))
+        xlabel = "FLOPs" if compute else "bytes moved"
         time_panels.append({"title": f"{op} ({dtype})", "series": dict(series), "xlabel": xlabel})
         rate_panels.append({"title": f"{op} ({dtype})", "series": dict(rates), "xlabel": xlabel,
-                            "ylabel": "TFLOP/s" if attention else "GB/s"})
+                            "ylabel": "TFLOP/s" if compute else "GB/s"})
         big = _largest_point(records, op, dtype)
         at = {r["impl"]: r for r in mine if r["point"] == big}
-        if not attention:
+        if not compute:
             bars.append({"op": op, "values": {i: number(r.get("pct_copy")) for i, r in at.items()
                                               if number(r.get("pct_copy")) is not None}})
         if at:
@@ -493,15 +502,15 @@ def _cell(text: str, why: str = "", cls: str = "") -> dict[str, str]:
 def _point_row(op: str, point: str, dtype: str, by: dict[str, dict[str, Any]], impls: list[str]) -> dict[str, Any]:
     """One benchmark point of the "every point" table; a cell without a figure says why."""
     ref = by.get("reference", {})
-    attention = _is_attention(op)
+    compute = _compute_bound(op)
     us = [_cell(fmt(by[i].get("us"), ".1f")) if i in by else _cell("–", f"{i} was not timed at this point")
           for i in impls]
     if not ref:
         rate = pct = _cell("–", "the reference was not timed at this point")
     else:
-        rate = _cell(f"{fmt(ref.get('tflops'), '.0f')} TFLOP/s" if attention else f"{fmt(ref.get('gbps'), '.0f')} GB/s")
-        pct = (_cell("–", "attention is bound by arithmetic: its rate is TFLOP/s, not a share of the copy bandwidth")
-               if attention else _cell(f"{fmt(ref.get('pct_copy'), '.0f')}%") if ref.get("pct_copy") is not None
+        rate = _cell(f"{fmt(ref.get('tflops'), '.0f')} TFLOP/s" if compute else f"{fmt(ref.get('gbps'), '.0f')} GB/s")
+        pct = (_cell("–", f"{op} is bound by arithmetic: its rate is TFLOP/s, not a share of the copy bandwidth")
+               if compute else _cell(f"{fmt(ref.get('pct_copy'), '.0f')}%") if ref.get("pct_copy") is not None
                else _cell("–", "no copy bandwidth was recorded"))
     ratios = []
     for base in ("eager", "compile"):
@@ -555,7 +564,7 @@ def _memory_row(op: str, point: str | None, dtype: str | None, at: dict[str, dic
         saved_cell = {"text": fmt_bytes(saved), "title": "", "cls": ""}
     return {"op": op, "point": point, "dtype": dtype, "peak_ref": cells["reference"], "peak_eager": cells["eager"],
             "peak_compile": cells["compile"], "saved": saved_cell,
-            "avoided": fmt_bytes(ref.get("intermediate_bytes_avoided")), "attention": _is_attention(op)}
+            "avoided": fmt_bytes(ref.get("intermediate_bytes_avoided")), "compute_bound": _compute_bound(op)}
 
 
 def _reading(record: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -767,7 +776,7 @@ def targets(records: list[dict[str, Any]], goals: Goals | None) -> dict[str, Any
     refs = [r for r in records if r["impl"] == "reference"]
     out: dict[str, Any] = {}
     if goals.copy_pct is not None:
-        big = [r for r in refs if number(r.get("pct_copy")) is not None and not _is_attention(r["op"])
+        big = [r for r in refs if number(r.get("pct_copy")) is not None and not _compute_bound(r["op"])
                and (number(r.get("bytes_moved")) or 0) >= goals.copy_min_mib * 2**20]
         out["copy"] = _goal_view(big, "pct_copy", goals.copy_pct, goal=f"{goals.copy_pct:g}% of copy",
                                  scope=f"points moving {goals.copy_min_mib:g} MiB or more")

@@ -57,7 +57,6 @@ from .catalog import OPS
 from .cli import usage_error
 
 # examples per audit: (row ops, attention) per device; built-in targets recompile per shape, so fewer
-DEFAULT_EXAMPLES = {"cpu": (40, 12), "cuda": (30, 20)}
 DEFAULT_TARGET_EXAMPLES = {"cpu": 8, "cuda": 8}
 DEFAULT_SHRINK_S = {"cpu": 30.0, "cuda": 60.0}
 DEFAULT_BENCH_S = 150.0
@@ -133,8 +132,7 @@ def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
         if workers > torch.cuda.device_count():
             raise ValueError(f"--workers {workers}: only {torch.cuda.device_count()} CUDA device(s) here")
     gpu = device == "cuda"
-    rows_n, attn_n = DEFAULT_EXAMPLES[device]
-    examples = {o: args.examples or (attn_n if OPS[o].family == "attention" else rows_n) for o in ops}
+    examples = {o: args.examples or OPS[o].default_examples(device) for o in ops}
     e2e_exists = importlib.util.find_spec("fuseaudit.e2e") is not None
     return {
         "ops": ops, "examples": examples,

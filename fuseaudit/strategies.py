@@ -12,6 +12,7 @@ few rows, small N, float32, contiguous, normal values.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from .case import DTYPES, LAYOUTS, Case, can_transpose
 from .catalog import OpSpec, get_op
+from .shapes import ATTENTION
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def size_profile(name: str | None = None) -> SizeProfile:
 # caps of typical kernels (1024, 4096, 8192), plus Llama-ish widths.
 _INTERESTING_N = (1, 2, 3, 7, 16, 31, 64, 100, 127, 128, 129, 255, 257, 1000, 1023, 1024, 1025,
                   2047, 2049, 4095, 4096, 4097, 5120, 8191, 8193, 11008, 14336, 16385, 32769, 65537)
-_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
+_HEAD_DIMS = ATTENTION.head_dims
 
 
 def dtypes(allowed: tuple[str, ...] | None = None) -> st.SearchStrategy[str]:
@@ -92,14 +94,17 @@ def row_dims(draw: st.DrawFn, profile: SizeProfile) -> dict[str, Any]:
 
 
 @st.composite
-def attention_dims(draw: st.DrawFn, profile: SizeProfile) -> dict[str, Any]:
-    """Batch, heads, kv-heads dividing heads, independent Sq and Sk, head dim."""
+def attention_dims(draw: st.DrawFn, profile: SizeProfile, head_dims: Sequence[int] | None = None) -> dict[str, Any]:
+    """Batch, heads, kv-heads dividing heads, independent Sq and Sk, head dim (one of ``head_dims`` if given)."""
     hkv = draw(st.integers(1, 4))
     groups = draw(st.sampled_from([1, 2, 4]))
     h = hkv * groups
     b = draw(st.integers(1, max(1, profile.max_batch_heads // h)))
     seq = st.one_of(st.integers(1, min(profile.max_seq, 40)), st.integers(1, profile.max_seq))
-    return {"B": b, "H": h, "Hkv": hkv, "Sq": draw(seq), "Sk": draw(seq), "D": draw(st.sampled_from(_HEAD_DIMS))}
+    dims = {"B": b, "H": h, "Hkv": hkv, "Sq": draw(seq), "Sk": draw(seq), "D": draw(st.sampled_from(_HEAD_DIMS))}
+    if head_dims is not None:
+        dims["D"] = draw(st.sampled_from(sorted(head_dims)))
+    return dims
 
 
 @st.composite
@@ -119,12 +124,7 @@ def cases(
     """
     spec = get_op(op) if isinstance(op, str) else op
     size = size_profile(profile)
-    if spec.family == "attention":
-        dims = draw(attention_dims(size))
-        if head_dims is not None:
-            dims["D"] = draw(st.sampled_from(sorted(head_dims)))
-    else:
-        dims = draw(row_dims(size))
+    dims = draw(spec.shape.draw(size, head_dims))
     partial = Case(op=spec.name, dtype="float32", dims=dims, layouts={})
     chosen = {}
     for name, shape in partial.shapes().items():

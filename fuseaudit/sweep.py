@@ -12,7 +12,8 @@ short label.  The default sweeps are the shapes of LLM inference:
   point is a large amount of work that still takes well under a second; and
   decode (Sq=1, Sk up to 32k, grouped-query H=32, Hkv=8).
 
-``quick`` sweeps keep a few points of each family for a smoke run.
+``quick`` sweeps keep a few points of each shape for a smoke run.  Which sweep an op
+gets is its catalog shape's (:mod:`fuseaudit.shapes`).
 
 Inputs come from :func:`~fuseaudit.case.materialize`, which draws float64
 values on the host: for a 16384 x 65536 point that alone would take longer
@@ -40,8 +41,10 @@ __all__ = [
     "ROW_HIDDEN",
     "ROW_ROWS",
     "Point",
+    "attention_points",
     "bench_inputs",
     "default_points",
+    "rows_points",
 ]
 
 ROW_ROWS: tuple[int, ...] = (1, 8, 64, 1024, 16384)
@@ -60,6 +63,11 @@ ATTENTION_HEADS = 32
 ATTENTION_DECODE_SK: tuple[int, ...] = (1024, 4096, 16384, 32768)
 ATTENTION_DECODE_BATCH = 8
 ATTENTION_DECODE_KV_HEADS = 8
+
+# The pytest-benchmark suite (benchmarks/test_bench_ops.py): each row op at a decode batch and a long
+# prefill, attention at a prefill and a grouped-query decode point of its quick sweep.
+SUITE_ROW_POINTS: tuple[tuple[int, int], ...] = ((8, 8192), (16384, 8192))
+SUITE_ATTENTION_LABELS: tuple[str, ...] = ("B=4 H=32 S=4096 D=128", "decode B=8 H=32/8 Sk=4096 D=128")
 
 # Elements materialized on the host per input before tiling on the device.
 MATERIALIZE_LIMIT = 1 << 22
@@ -117,7 +125,8 @@ def _attention_point(spec: OpSpec, *, b: int, h: int, hkv: int, sq: int, sk: int
     return Point(case=case, label=label, kind=kind)
 
 
-def _rows_points(spec: OpSpec, *, quick: bool) -> list[Point]:
+def rows_points(spec: OpSpec, *, quick: bool) -> list[Point]:
+    """A row op's default (or ``quick``) sweep."""
     if quick:
         return [_rows_point(spec, r, n, dt) for r, n, dt in ROW_QUICK]
     points = [_rows_point(spec, r, n, "bfloat16") for r in ROW_ROWS for n in ROW_HIDDEN]
@@ -126,7 +135,8 @@ def _rows_points(spec: OpSpec, *, quick: bool) -> list[Point]:
     return points
 
 
-def _attention_points(spec: OpSpec, *, quick: bool) -> list[Point]:
+def attention_points(spec: OpSpec, *, quick: bool) -> list[Point]:
+    """Attention's default (or ``quick``) sweep: prefill, causal and not, and grouped-query decode."""
     dtypes = ("bfloat16",) if quick else ("bfloat16", "float16")
     heads_dims = (128,) if quick else (64, 128)
     seqs = (1024, 4096) if quick else ATTENTION_PREFILL_S
@@ -148,7 +158,7 @@ def _attention_points(spec: OpSpec, *, quick: bool) -> list[Point]:
 
 def default_points(spec: OpSpec, *, quick: bool = False, dtypes: Iterable[str] | None = None,
                    rows: Sequence[int] | None = None, hidden: Sequence[int] | None = None) -> list[Point]:
-    """The sweep of ``spec``: its family's default (or ``quick``) points, filtered by ``dtypes``.
+    """The sweep of ``spec``: its shape's default (or ``quick``) points, filtered by ``dtypes``.
 
     ``rows`` and ``hidden`` replace the row-op grid (every dtype asked for on
     the whole replaced grid); they are ignored for attention.
@@ -163,15 +173,8 @@ def default_points(spec: OpSpec, *, quick: bool = False, dtypes: Iterable[str] |
     for name, values in (("rows", rows), ("hidden", hidden)):
         if values is not None and (not values or any(not isinstance(v, int) or v < 1 for v in values)):
             raise ValueError(f"{name} must be positive ints, got {values!r}")
-    if spec.family == "attention":
-        points = _attention_points(spec, quick=quick)
-    elif rows is not None or hidden is not None:
-        grid_rows = tuple(rows) if rows is not None else ROW_ROWS
-        grid_hidden = tuple(hidden) if hidden is not None else ROW_HIDDEN
-        points = [_rows_point(spec, r, n, dt) for dt in (wanted or ("bfloat16",))
-                  for r in grid_rows for n in grid_hidden]
-    else:
-        points = _rows_points(spec, quick=quick)
+    points = spec.shape.sweep(spec, quick=quick, rows=None if rows is None else tuple(rows),
+                              hidden=None if hidden is None else tuple(hidden), dtypes=wanted)
     if wanted is not None:
         points = [p for p in points if p.dtype in wanted]
     return points

@@ -275,9 +275,8 @@ def time_events_rounds(fns: Sequence[Callable[[], Any]], *, rounds: int = 3, war
     ``target_seconds / rounds``, the order rotated by one each round; a
     contender's samples from all rounds are pooled.  Why: on the H200, at
     ~10 µs points the first contenders timed at a new point read 10-15%
-    slower than in later rounds, whichever kernels they are (seventh
-    session, ``reports/h200/README.md``), so timing one contender after the
-    other leans against whoever goes first.  ``warmup`` applies to each
+    slower than in later rounds, whichever kernels they are, so timing one
+    contender after the other leans against whoever goes first.  ``warmup`` applies to each
     contender's first round (one call before each later one); ``arounds[i]``
     (e.g. an NVML sample) is entered around contender ``i``'s first round
     only.  A contender that raises is dropped from the later rounds and its

@@ -19,7 +19,7 @@ import pytest
 
 from fuseaudit import audit as audit_cli
 from fuseaudit.audit import AuditUsageError, audit
-from fuseaudit.audit_result import FAIL, PASS
+from fuseaudit.audit_result import FAIL, PASS, AuditResult, FailureRecord, Verdict
 from fuseaudit.builtin_targets import available_targets, builtin_target
 from fuseaudit.case import Case
 
@@ -320,3 +320,15 @@ def test_builtin_sdpa_math_matches_on_one_case():
     assert result.exit_code == 0, result.render()
     assert result.verdicts["launches"].status == "SKIP"  # the unfused baseline: counted, not judged
     assert result.verdicts["launches"].detail["count"]["count"] > 1
+
+
+def test_every_listed_failure_keeps_a_space_after_its_label():
+    """``also (launches):`` is as wide as the label column: its case must not run into it."""
+    failures = [FailureRecord("3 kernel(s)", source, describe=f"case {i}", replay="fuseaudit audit ... --case '{}'")
+                for i, source in enumerate(("launches", "launches", "determinism"))]
+    verdict = Verdict("launches", FAIL, "3 launches, expected 1", cases=3, failing_cases=3, failures=failures)
+    result = AuditResult(op="swiglu", target="m:f", device="cpu", mode="search", verdicts={"launches": verdict},
+                         examples_requested=3, examples_run=3, seed=0, profile="ci", declared={}, environment={})
+    lines = result.render().splitlines()
+    also = [line.strip() for line in lines if line.strip().startswith("also")]
+    assert also == ["also (launches): case 1", "also (determinism): case 2"], lines

@@ -437,7 +437,7 @@ def test_compare_unreadable_input_exits_2(tmp_path, capsys):
 
 
 def test_gzipped_json_reads_and_compares_as_the_plain_file(tmp_path, capsys):
-    """``NAME.json.gz`` (how reports/h200 keeps old sessions' files) is the same document, byte for byte."""
+    """``NAME.json.gz`` (as the committed example results are stored) is the same document, byte for byte."""
     import gzip
 
     plain = _write(tmp_path / "base.json", [_entry("reference", 10.0)])

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from fuseaudit.case import materialize
 from fuseaudit.catalog import OPS
-from fuseaudit.launches import count_launches
+from fuseaudit.launches import count_launches, short_name
 from fuseaudit.strategies import cases
 
 REFERENCE_OPS = [op for op in OPS.values() if op.reference]
@@ -28,6 +28,34 @@ def test_reference_launches(spec, data, fuseaudit_device, record_property):
     assert fused.count == spec.launches, (
         f"{spec.name}: expected {spec.launches} launch(es), got {fused.describe()} on {case.describe()}")
     assert eager.count >= 1, f"eager {spec.name} launched nothing we could see: {eager.describe()}"
+
+
+# kernel names as the CUDA profiler reports them (H200, torch 2.11): SDPA's memory-efficient kernel is a
+# plain function whose parameter is a template; flash's and aten's kernels are templates
+CUTLASS_FMHA = ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<"
+                "cutlass::bfloat16_t, cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)")
+FLASH = ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
+         "cutlass::bfloat16_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, false, false, "
+         "false, true, true, false, false>(pytorch_flash::Flash_fwd_params)")
+GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+        "at::native::GeluType)::{lambda()#1}::operator()() const::{lambda()#4}::operator()() const::"
+        "{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, at::native::GeluCUDAKernelImpl(at::"
+        "TensorIteratorBase&, at::native::GeluType)::{lambda()#1}::operator()() const::{lambda()#4}::operator()() "
+        "const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul>)")
+CAT = ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>, "
+       "unsigned int, 4, 128, 1>(at::native::(anonymous namespace)::OpaqueType<2u>*, int)")
+
+
+@pytest.mark.parametrize(("demangled", "short"), [
+    (CUTLASS_FMHA, "fmha_cutlassF_bf16_aligned_64x128_rf_sm80"),
+    (FLASH, "flash_fwd_kernel[Flash_fwd_kernel_traits]"),
+    (GELU, "vectorized_elementwise_kernel[GeluCUDAKernelImpl]"),
+    (CAT, "CatArrayBatchedCopy"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0"),
+    ("aten::add", "aten::add"),
+], ids=["cutlass-fmha", "flash", "aten-gelu", "anonymous-namespace", "triton", "interpreter"])
+def test_short_name_names_the_kernel_not_a_template_parameter(demangled, short):
+    assert short_name(demangled) == short
 
 
 def test_eager_compositions_are_counted(fuseaudit_device):

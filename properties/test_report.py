@@ -43,10 +43,11 @@ CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-br
 
 def _case_json(op: str, dtype: str, n: int, rng: random.Random) -> str:
     spec = OPS[op]
-    if spec.family == "attention":
-        dims: dict[str, Any] = {"B": 1, "H": 4, "Hkv": 2, "Sq": 16, "Sk": n, "D": 64}
+    dims: dict[str, Any] = spec.shape.sample_dims("cpu")
+    if "lead" in dims:  # row ops: as many rows as a model's batch
+        dims.update(lead=(rng.randint(1, 64),), N=n)
     else:
-        dims = {"lead": (rng.randint(1, 64),), "N": n}
+        dims["Sk"] = n
     case = Case(op, dtype, dims, {i.name: "contiguous" for i in spec.inputs}, "normal", spec.defaults(),
                 seed=rng.randint(0, 999))
     return case.to_json()
@@ -84,8 +85,8 @@ def _audit(op: str, target: str, kind: str, rng: random.Random, *, fail: str | N
 def _bench_document() -> dict[str, Any]:
     entries = []
     for op, spec in OPS.items():
-        attention = spec.family == "attention"
-        impls = ["reference", "eager", "compile"] + (["sdpa_flash"] if attention else [])
+        attention = spec.compute_bound
+        impls = ["reference", "eager", "compile"] + [f"sdpa_{b}" for b in spec.sdpa_backends[:1]]
         for k, (label, nbytes) in enumerate([("rows=1 N=4096", 2e4), ("rows=1024 N=4096", 2.5e7),
                                              ("rows=16384 N=8192", 8e8)]):
             base_us = 3 + nbytes / 3e6
@@ -510,12 +511,13 @@ def cells_of(html: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def issue_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """The view and the page of :func:`issue_results`, written beside its results file and a README."""
-    folder = tmp_path_factory.mktemp("issue") / "h200"
-    stored = results.write(folder / "results-cuda.json", issue_results())
+    """The view and the page of :func:`issue_results`, laid out as the committed example: gzipped results,
+    a README of provenance and the report side by side."""
+    folder = tmp_path_factory.mktemp("issue") / "reports"
+    stored = results.write(folder / "results-h200.json.gz", issue_results())
     (folder / "README.md").write_text("notes\n")
     doc = results.load(stored)
-    out = folder.parent / "report-h200.html"
+    out = folder / "report-h200.html"
     goals = report_view.Goals(copy_pct=92, compile_ratio=1.0)
     view = report_view.build([doc], goals, sources=[stored], out=out)
     return view, report.render([doc], out, goals, sources=[stored])
@@ -591,7 +593,7 @@ def test_provenance_names_the_command_of_each_section_in_a_few_lines(issue_page)
     pv = view["provenance"][0]
     lines = dict(pv["lines"])
     assert lines["commit"].startswith("abc1234") and "NVIDIA H200" in lines["device"] and "UTC" in lines["date"]
-    assert pv["data"]["href"] == "h200/results-cuda.json" and pv["notes"]["href"] == "h200/README.md"
+    assert pv["data"]["href"] == "results-h200.json.gz" and pv["notes"]["href"] == "README.md"
     sections = {s["section"]: s for s in pv["sections"]}
     assert sections["audits"]["command"] == "fuseaudit run --device cuda --no-bench --no-e2e"
     assert sections["bench"]["command"] is None and "--no-bench" in sections["bench"]["why"]
@@ -642,3 +644,20 @@ def test_every_command_prefixes_its_errors_alike(capsys) -> None:
     assert capsys.readouterr().err.startswith("fuseaudit launches: error: unknown op(s) nope")
     assert cli_main(["run", "--device", "cpu", "--examples", "0"]) == 2
     assert capsys.readouterr().err.startswith("fuseaudit run: error: --examples must be")
+
+
+def test_the_committed_example_report_re_renders_from_its_one_results_file() -> None:
+    """README and reports/README.md give one command; every file it names is there, and the results load."""
+    root = Path(__file__).resolve().parents[1]
+    commands = {line.strip().strip("`") for doc in ("README.md", "reports/README.md")
+                for line in (root / doc).read_text(encoding="utf-8").splitlines()
+                if "fuseaudit report --results reports/" in line}
+    commands = {re.search(r"fuseaudit report --results \S+ --out \S+[^`]*", c).group(0) for c in commands}
+    assert len(commands) == 1, commands
+    argv = commands.pop().split()
+    source, out = root / argv[argv.index("--results") + 1], root / argv[argv.index("--out") + 1]
+    assert out.is_file() and source.is_file() and source.stat().st_size < 5 << 20
+    doc = results.load(source)
+    assert doc["device"] == "cuda" and doc["audits"] and doc["bench"]["document"]["benchmarks"]
+    html = out.read_text(encoding="utf-8")
+    assert f'href="{source.name}"' in html and 'href="README.md"' in html
