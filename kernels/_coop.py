@@ -76,6 +76,8 @@ EPOCH_BITS = tl.constexpr(10)
 EPOCH = 1 << EPOCH_BITS.value
 # The interpreter has no SMs; route as on an H100/H200 so the CPU tests take the GPU's paths.
 INTERPRETER_SMS = 132
+# There each program computes every chunk's partial (see above): a row costs splits squared chunk loads.
+INTERPRETER_MAX_SPLITS = 8
 # Workspace: a counter a row (a group of programs) and two float32 partials a program, twice (a
 # group's consecutive rows alternate between two sets of slots).
 MAX_ROWS = 1024
@@ -128,12 +130,13 @@ def coop_config(rows: int, n: int, element_size: int, device: torch.device, spli
     """
     if split is None or not ENABLED:
         return None
-    return _coop_config(rows, n, element_size, sm_count(device), knobs(), split)
+    most = INTERPRETER_MAX_SPLITS if interpreting() else EPOCH
+    return _coop_config(rows, n, element_size, sm_count(device), knobs(), split, most)
 
 
 @functools.lru_cache(maxsize=4096)
 def _coop_config(rows: int, n: int, element_size: int, sms: int, knobs: tuple[int, ...],
-                 split: Split) -> CoopBlocks | None:
+                 split: Split, max_splits: int = EPOCH) -> CoopBlocks | None:
     min_chunk_bytes, max_chunk = knobs
     if split.chunk:
         splits = triton.cdiv(n, split.chunk)
@@ -143,7 +146,7 @@ def _coop_config(rows: int, n: int, element_size: int, sms: int, knobs: tuple[in
         return CoopBlocks(split.chunk, splits, split.warps, groups)
     if rows > min(sms // 2, MAX_ROWS):
         return None
-    most = min(sms // rows, EPOCH, MAX_PROGRAMS // rows)  # programs a row
+    most = min(sms // rows, max_splits, MAX_PROGRAMS // rows)  # programs a row
     chunk = max(next_pow2(triton.cdiv(n, most)), next_pow2(max(min_chunk_bytes // element_size, 1)))
     splits = triton.cdiv(n, chunk)
     if splits < 2 or chunk > max_chunk:

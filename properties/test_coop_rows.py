@@ -277,3 +277,17 @@ def test_many_rows_split(op, fuseaudit_device):
         # bfloat16 rows keep one program a row: only the float32 rows split here
         half = {k: v.to(torch.bfloat16) for k, v in inputs.items()}
         assert not _plan_kernel(op, half, case.params).endswith("_coop_kernel")
+
+
+def test_interpreter_splits_a_row_into_few_chunks():
+    """Under the interpreter each program computes every chunk's partial, so a row there takes few chunks."""
+    import torch
+    from fuseaudit.kernels import _coop
+    from fuseaudit.kernels._tuning import Split
+
+    if not _coop.interpreting():
+        pytest.skip("the cap applies under Triton's interpreter")
+    gpu = _coop._coop_config(1, 65536, 2, _coop.INTERPRETER_SMS, _coop.knobs(), Split())
+    here = _coop.coop_config(1, 65536, 2, torch.device("cpu"), Split())
+    assert gpu is not None and gpu.splits > _coop.INTERPRETER_MAX_SPLITS, "the GPU's route splits finer"
+    assert here is not None and 2 <= here.splits <= _coop.INTERPRETER_MAX_SPLITS
