@@ -130,23 +130,24 @@ def _layout_words(layout: str, shape: tuple[int, ...]) -> str:
 def _values(role: str, shape: tuple[int, ...], regime: str, dtype: torch.dtype, gen: torch.Generator,
             zero_rows: torch.Tensor | None) -> torch.Tensor:
     """Float64 values of one input for a value regime (before rounding to dtype)."""
+    f64 = {"generator": gen, "dtype": torch.float64, "device": gen.device}
     if role == VECTOR:
         # parameters stay ordinary: weight near 1, bias near 0
-        return torch.randn(shape, generator=gen, dtype=torch.float64) * 0.5
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+        return torch.randn(shape, **f64) * 0.5
+    x = torch.randn(shape, **f64)
     attention = role in (Q, KV)
     if regime == "large":
         # |x| in [256, 2048]: squares and sums of squares overflow a float16
         # accumulator (max 65504), the values themselves are far from it.
-        mag = 4.0 if attention else 2.0 ** (8 + 3 * torch.rand(shape, generator=gen, dtype=torch.float64))
+        mag = 4.0 if attention else 2.0 ** (8 + 3 * torch.rand(shape, **f64))
         x = torch.sign(x) * mag * (x.abs() if attention else 1.0)
     elif regime == "outliers":
         # a few channels a hundred times larger, as in LLM activations
-        spikes = torch.rand(shape, generator=gen, dtype=torch.float64) < 0.02
+        spikes = torch.rand(shape, **f64) < 0.02
         x = torch.where(spikes, x * (10.0 if attention else 100.0), x)
     elif regime == "near_constant":
         # c + tiny noise per row: the variance cancels unless computed carefully
-        c = torch.randn((*shape[:-1], 1), generator=gen, dtype=torch.float64) * 10
+        c = torch.randn((*shape[:-1], 1), **f64) * 10
         x = c + 1e-3 * x
     elif regime == "shifted":
         # a large common offset per row: tests max subtraction in softmax
@@ -169,59 +170,66 @@ def _non_finite(x: torch.Tensor, regime: str, gen: torch.Generator) -> torch.Ten
     """
     n = x.shape[-1]
     rows = x.reshape(-1, n).clone()
-    kind = torch.arange(rows.shape[0]) % (4 if regime == "masked" else 3)
+    dev = rows.device
+    kind = torch.arange(rows.shape[0], device=dev) % (4 if regime == "masked" else 3)
     if regime == "masked":
-        prefix = torch.arange(n) < (3 * n) // 4
-        scatter = torch.rand(rows.shape, generator=gen) < 0.5
+        prefix = torch.arange(n, device=dev) < (3 * n) // 4
+        scatter = torch.rand(rows.shape, generator=gen, device=dev) < 0.5
         mask = (kind == 0)[:, None] | ((kind == 1)[:, None] & prefix) | ((kind == 2)[:, None] & scatter)
         rows = rows.masked_fill(mask, -math.inf)
     else:
-        col = torch.randint(n, (rows.shape[0],), generator=gen)
-        hit = torch.arange(n)[None, :] == col[:, None]
+        col = torch.randint(n, (rows.shape[0],), generator=gen, device=dev)
+        hit = torch.arange(n, device=dev)[None, :] == col[:, None]
         rows = torch.where(hit & (kind == 0)[:, None], math.nan, rows)
         rows = torch.where(hit & (kind == 1)[:, None], math.inf, rows)
     return rows.reshape(x.shape)
 
 
-def _place(values: torch.Tensor, layout: str, device: str) -> torch.Tensor:
-    """Put ``values`` (already in the target dtype, contiguous, CPU) in memory with ``layout``."""
+def _place(values: torch.Tensor, layout: str) -> torch.Tensor:
+    """Put ``values`` (already in the target dtype, contiguous, on their device) in memory with ``layout``."""
     shape = tuple(values.shape)
+    full = {"dtype": values.dtype, "device": values.device}
     if layout == "contiguous":
-        return values.to(device).clone()
+        return values.clone()
     if layout == "padded":
         # rows padded then sliced: row stride > N, padding holds NaN
         pad = 3 + shape[-1] % 5
-        buf = torch.full((*shape[:-1], shape[-1] + pad), SENTINEL, dtype=values.dtype)
+        buf = torch.full((*shape[:-1], shape[-1] + pad), SENTINEL, **full)
         buf[..., : shape[-1]] = values
-        return buf.to(device)[..., : shape[-1]]
+        return buf[..., : shape[-1]]
     if layout == "transposed" and can_transpose(shape):
         # stored with the last two dims swapped: the last dim is not unit-stride
-        return values.transpose(-1, -2).contiguous().to(device).transpose(-1, -2)
+        return values.transpose(-1, -2).contiguous().transpose(-1, -2)
     if layout in ("strided", "transposed"):
         # every STRIDE-th element of a longer buffer (what "transposed" is for a vector or a single row)
-        buf = torch.full((*shape[:-1], STRIDE * shape[-1]), SENTINEL, dtype=values.dtype)
+        buf = torch.full((*shape[:-1], STRIDE * shape[-1]), SENTINEL, **full)
         buf[..., ::STRIDE] = values
-        return buf.to(device)[..., ::STRIDE]
+        return buf[..., ::STRIDE]
     if layout == "expanded":
         # a stride-0 dim: one slice broadcast along dim 0 (values are made to match)
-        return values.narrow(0, 0, 1).to(device).expand(shape)
+        return values.narrow(0, 0, 1).clone().expand(shape)
     if layout == "offset":
         off = 7
-        flat = torch.full((values.numel() + off,), SENTINEL, dtype=values.dtype)
+        flat = torch.full((values.numel() + off,), SENTINEL, **full)
         flat[off:] = values.reshape(-1)
-        return flat.to(device).as_strided(shape, values.contiguous().stride(), off)
+        return flat.as_strided(shape, values.contiguous().stride(), off)
     raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
 
 
 def materialize(case: Case, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """The inputs of ``case`` on ``device``, made deterministically from its seed."""
-    gen = torch.Generator().manual_seed(case.seed)
+    """The inputs of ``case`` on ``device``, made deterministically from its seed.
+
+    Drawn on ``device`` itself (a large case costs a kernel, not a host loop
+    and a copy): the same seed gives the same values on every device of one
+    kind, so a replay on the device the audit ran on sees the failing inputs.
+    """
+    gen = torch.Generator(device=device).manual_seed(case.seed)
     shapes = case.shapes()
     dtype = case.torch_dtype
     zero_rows = None
     if case.regime == "zeros":
         first = shapes[case.spec.inputs[0].name]
-        zero_rows = torch.rand(first[:-1], generator=gen) < 0.5
+        zero_rows = torch.rand(first[:-1], generator=gen, device=gen.device) < 0.5
     out = {}
     for inp in case.spec.inputs:
         shape = shapes[inp.name]
@@ -233,5 +241,5 @@ def materialize(case: Case, device: str = "cpu") -> dict[str, torch.Tensor]:
             vals = _non_finite(vals, case.regime, gen)
         if inp.role == VECTOR and inp.name == "weight":
             vals = vals + 1.0
-        out[inp.name] = _place(vals.to(dtype), case.layouts.get(inp.name, "contiguous"), device)
+        out[inp.name] = _place(vals.to(dtype), case.layouts.get(inp.name, "contiguous"))
     return out

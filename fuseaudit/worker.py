@@ -409,6 +409,9 @@ def zygote_main(ctrl_fd: int) -> None:
         pass
     import torch.profiler  # noqa: F401
 
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        # the CUDA profiler's first use imports torch._dynamo (seconds): once here rather than in every worker
+        import torch._dynamo  # noqa: F401
     from . import catalog, check, launches, targets  # noqa: F401
 
     ctrl.send(json.dumps({"event": "ready", "pid": os.getpid()}).encode())

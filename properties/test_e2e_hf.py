@@ -223,3 +223,12 @@ def test_oracle_norms_compute_in_float64(llama):
         swapped = oracle.get_submodule(name)
         assert swapped is not norm
         torch.testing.assert_close(swapped(x), exact, rtol=1e-15, atol=0)
+
+
+def test_kv_cache_bound_is_rounding_not_a_lost_key():
+    """The oracle's cache check: a 1B model's float64 re-prefill (H200: 7.1e-14 off at logits of 4.4) passes,
+    an error at float32's level (what a cache that drops or misplaces a key gives, at the least) fails."""
+    arch = e2e_hf.ARCHS["hf-llama"]
+    config = e2e_hf.hf_config(arch, "default")
+    bound = e2e_hf.kv_cache_bound(config, 513, 4.44, torch.float64)
+    assert 7.1e-14 < bound < torch.finfo(torch.float32).eps * 4.44
