@@ -407,7 +407,7 @@ def zygote_main(ctrl_fd: int) -> None:
         import triton  # noqa: F401
     except ImportError:
         pass
-    import torch.profiler  # noqa: F401
+    import torch.profiler
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         # the CUDA profiler's first use imports torch._dynamo (seconds): once here rather than in every worker
