@@ -480,7 +480,7 @@ def _attention_ws_kernel(
     a row position written as ``row0 + tl.arange`` with ``row0`` the offset
     of Q's load came out shifted by that split twice (rows 64.. of a half
     saw keys 64 too far), so a causal or per-row mask here must keep the
-    scalar off the row side (see ``reports/h200/causal-ws-session9.txt``).
+    scalar off the row side.
     Grouped-query heads are not packed into rows here: each query head has
     its own programs and K/V tiles are read once per query head, from L2
     mostly.  Half precision, ``D`` a power of two, q, k and v with unit
@@ -548,8 +548,7 @@ _TUNE_KEY = ["HEAD_DIM", "GROUP", "CAUSAL", "SPLIT", "ROWS_BUCKET", "KEYS_BUCKET
 # tiles in 2 stages (96 KiB of shared memory) with one warpgroup per block, or
 # with two warpgroups capped at 128 registers a thread (146 uncapped: one block
 # per SM).  (BLOCK_M, BLOCK_N, warps, stages, maxnreg); offered from
-# _TWO_BLOCKS_MIN_KEYS keys on (see _prune and
-# reports/h200/attention-configs-session6.txt).
+# _TWO_BLOCKS_MIN_KEYS keys on (see _prune).
 _TWO_BLOCKS = ((128, 64, 4, 2, None), (128, 64, 8, 2, 128))
 _TWO_BLOCKS_MIN_KEYS = 2048
 # Hopper: 128-row blocks feed wgmma well; 64-row and 32-key tiles are the
@@ -606,10 +605,8 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
     A register cap is only for half-precision tiles up to ``D = 128``: wider or
     float32 accumulators do not fit under it (ptxas fails or spills).  The
     two-blocks-per-SM configs are offered from ``_TWO_BLOCKS_MIN_KEYS`` keys
-    on.  H200, D = 128, ``fuseaudit bench`` A/B against the list without them
-    (``reports/h200/bench-attention-ab*-session6``): bf16 non-causal 6-10%
-    faster from 2048 keys, causal within 4% either way; at 1024 keys the
-    autotuner's pick among them was 9-25% slower, hence the threshold.
+    on: with fewer keys the autotuner's pick among them was slower than
+    without them, so they are not offered there.
     """
     args = {**named_args, **kwargs}
     block_d = args["BLOCK_D"]
@@ -667,7 +664,7 @@ _WS_CONFIGS = [
 _attention_ws = triton.autotune(
     configs=_WS_CONFIGS, key=["HEAD_DIM", "GROUP", "ROWS_BUCKET", "KEYS_BUCKET"], **_CACHED
 )(_attention_ws_kernel)
-# Head dim of the warp-specialised path (what was measured; see _use_warp_specialize).
+# Head dim of the warp-specialised path (the one it is tuned for; see _use_warp_specialize).
 WS_HEAD_DIM = 128
 # Fewer query rows than this leave a consumer warpgroup idle: the other kernel.
 WS_MIN_QUERIES = 128
@@ -739,11 +736,8 @@ def _num_splits(
     """Chunks to split ``keys`` into so that about one program runs per SM: ``(n, chunk)``.
 
     Chunks are multiples of ``align`` keys and at least ``min_chunk`` long.
-    One program per SM (``DECODE_PROGRAMS_PER_SM``) beat two and more on the
-    H200 wherever the kernel, not the host, set the time
-    (``reports/h200/attention-decode-splits.txt``, bf16, GQA 32/8, D=128):
-    B=8 Sk=32768 261 µs vs 269 with two, B=8 Sk=16384 141 vs 145, B=32
-    Sk=4096 (no split) 136 vs 143.
+    One program per SM (``DECODE_PROGRAMS_PER_SM``): more programs an SM
+    only add chunks to merge where the kernel, not the host, sets the time.
     """
     n = min(triton.cdiv(DECODE_PROGRAMS_PER_SM * _num_sms(device), programs), triton.cdiv(keys, min_chunk))
     if n <= 1:
@@ -778,10 +772,8 @@ def _descriptor(t: torch.Tensor, block_d: int) -> TensorDescriptor | None:
 def _use_descriptors(q: torch.Tensor, decode: bool, interp: bool) -> bool:
     """K/V through tensor descriptors: half-precision prefill at ``D = 128`` on Hopper or newer.
 
-    Measured on the H200 (bf16, autotuned, median µs pointer loads -> descriptors):
-    D = 128 gained at 9 of 10 points, 1.3-4.5% (S = 8192 causal 2441 -> 2333),
-    lost 2% at S = 16384 non-causal; D = 64 lost 4.6% at S = 4096 (1265 -> 1323),
-    so it keeps pointer loads.  Under the interpreter too, so CPU tests cover the path.
+    Descriptors help at ``D = 128`` and not at ``D = 64``, which keeps pointer
+    loads.  Under the interpreter too, so CPU tests cover the path.
     ``FUSEAUDIT_ATTENTION_TMA=0`` turns it off (pointer loads everywhere).
     """
     if decode or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] != DESCRIPTOR_HEAD_DIM:
@@ -819,23 +811,14 @@ def _use_warp_specialize(
 
     q, k and v must be readable by the copy engine, there must be at least
     ``WS_MIN_QUERIES`` queries, and ``Sk`` a multiple of ``_WS_EVEN_KEYS``.
-    Measured on the H200 (``fuseaudit
-    bench``, 32 heads, ``reports/h200/bench-attention-*-session8``): bf16
-    B x S = 4 x 4096 1808.6 µs against 2132.6 for the other kernel in the
-    sixth session (S = 2048: 1009.4 vs 1150.0, 16384: 6824.9 vs 8002.6), fp16
-    alike; in one process (``attention-ws-firstcut-session8.txt`` for the
-    other kernel, ``attention-ws-experiments-session8.txt``) 513 against 582
-    TFLOP/s at S = 4096.  Only on Hopper (compute capability 9.x), where it
-    was measured; under the interpreter too, so that CPU tests cover the
-    kernel.  ``FUSEAUDIT_ATTENTION_WS=0`` turns it off.
+    There it is faster than the general kernel, its softmax overlapping the
+    matrix products.  Only on Hopper (compute capability 9.x), the
+    architecture it is written for; under the interpreter too, so that CPU
+    tests cover the kernel.  ``FUSEAUDIT_ATTENTION_WS=0`` turns it off.
 
     Ragged keys and causal attention keep the other kernel, which masks only
-    the tiles that need it; here every tile would take the mask.  H200, bf16,
-    32 heads, do_bench (``reports/h200/attention-ragged-session9.txt``,
-    ``causal-ws-session9.txt``): non-causal S = 2000/4000/8000 ran 0.81/0.86/0.83
-    x cuDNN with the key mask here against 0.85/0.90/0.92 on the other
-    kernel; causal, with the mask written so that the compiler gets it right,
-    0.75-0.85 (256 x 64 tiles, S 2048-16384, bf16 and fp16) against 0.82-0.90.
+    the tiles that need it; here every tile would take the mask, which costs
+    more than the specialisation gains.
     """
     if decode or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] != WS_HEAD_DIM:
         return False
@@ -864,10 +847,8 @@ def _gluon_scope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool
     queries and a key, ``scale >= 0``, and q, k and v readable by the copy
     engine; any ``Sk``, grouped-query.  Causal from ``GLUON_CAUSAL_MIN_KEYS``
     keys (``min(Sq, Sk)``) on: below that its programs are a few tiles long
-    and the general kernel, two blocks an SM, was faster on the H200 (32
-    heads, ``reports/h200/gluon-short-session14.txt``, Gluon / general: bf16
-    S = 256 1.19, 512 1.04, 1024 0.98; fp16 1.18, 1.11, 1.00), while
-    non-causal was faster on Gluon from 256 on (0.83-0.99).
+    and the general kernel, two blocks an SM, is faster; non-causal calls
+    are faster on Gluon at every length in scope.
     """
     if attention_hopper is None or decode or q.dtype not in (torch.float16, torch.bfloat16):
         return False
@@ -884,11 +865,7 @@ def _use_gluon(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool, 
                causal: bool, scale: float) -> bool:
     """Prefill through the Gluon kernel: in its scope, on Hopper, with a Triton it ran on.
 
-    Measured on the H200 (``fuseaudit bench``, 32 heads, D = 128,
-    ``reports/h200/bench-attention-*-session14``), bf16 x cuDNN at S =
-    2048/4096/8192/16384: causal 0.90/0.98/1.02/1.06, non-causal
-    0.95/0.99/1.01/1.01 (the eighth session's kernels: causal 0.78-0.82 on
-    the general kernel, non-causal 0.81-0.95 warp-specialised); fp16 alike.
+    There it is the fastest of the attention kernels, causal and non-causal.
     Gluon has no interpreter, so CPU runs never take it
     (``test_compile_attention_hopper`` compiles it for sm_90 there).  Only
     with the Triton releases it ran on (``gluon_verified``: Gluon's API

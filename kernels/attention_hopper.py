@@ -10,9 +10,9 @@ On Hopper the matrix products (``wgmma``) are asynchronous: a warpgroup can
 start ``S = Q K^T`` and do softmax arithmetic while the tensor cores work.
 Triton's automatic warp specialisation (``_attention_ws_kernel``) gets there
 for non-causal attention, but it takes a single loop with no branch, so a
-causal mask would run on every tile; causal attention stayed on the general
-kernel at 0.74-0.83x cuDNN.  Gluon, Triton's lower-level language, lets the
-kernel say who does what:
+causal mask would run on every tile, and causal attention stays on the
+general kernel, far from the tensor cores' speed.  Gluon, Triton's
+lower-level language, lets the kernel say who does what:
 
 * a **loader** warp issues the bulk tensor copies (TMA): Q once, then K_i and
   V_i into a ring of ``STAGES`` shared-memory slots, each slot guarded by
@@ -74,7 +74,7 @@ CONSUMERS = 2  # BLOCK_M = CONSUMERS * M_WG = 128 rows per program
 BLOCK_N = 128  # keys per tile
 STAGES = 3  # K/V ring depth: 32 KiB Q + 3 x 64 KiB K/V of the 227 KiB
 MAX_REGISTERS = 168  # 12 warps (3 warpgroups) x 32 x 168 <= 64 Ki registers of an SM
-# Triton (major, minor) releases on which this kernel ran on an H200 (reports/h200, fourteenth session).
+# Triton (major, minor) releases this kernel was checked on, on an H200 (Gluon's API moves between releases).
 VERIFIED_TRITON = ((3, 6),)
 
 
@@ -264,7 +264,7 @@ _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 @functools.cache
 def _shared_layout(rows: int, head_dim: int, dtype: torch.dtype) -> gl.NVMMASharedLayout:
-    """The swizzled shared-memory layout of a ``(1, 1, rows, head_dim)`` tile (cached: ~6 µs to make)."""
+    """The swizzled shared-memory layout of a ``(1, 1, rows, head_dim)`` tile (cached: made once per shape)."""
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _GL_DTYPES[dtype])
 
 
