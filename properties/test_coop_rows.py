@@ -128,22 +128,15 @@ def test_coop_statistics(op, regime, fuseaudit_device):
                      target=spec.reference).raise_for_failures()
 
 
-def test_coop_softmax_special_values(fuseaudit_device):
+def test_coop_softmax_special_values(fuseaudit_device, special_logit_rows):
     """NaN, +inf, -inf and all -inf rows, and a row whose chunks are all -inf but one: as float64 has them."""
     import torch
     from fuseaudit.kernels import softmax
 
     spec = OPS["softmax"]
-    inf, nan = float("inf"), float("nan")
     n = 300
-    rows = [
-        [1.0, nan] + [0.5] * (n - 2),
-        [0.25] * (n - 1) + [inf],
-        [-inf, 1.0] + [0.5] * (n - 2),
-        [-inf] * n,
-        [-inf] * (n - 3) + [-100.0, -101.0, -99.5],  # one live chunk, far below 0
-        [float(i - n // 2) / 8 for i in range(n)],
-    ]
+    rows = [*special_logit_rows(n),
+            [-float("inf")] * (n - 3) + [-100.0, -101.0, -99.5]]  # one live chunk, far below 0
     params = spec.defaults()
     with split_small_rows():
         for dtype in (torch.float32, torch.bfloat16):

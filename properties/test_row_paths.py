@@ -159,7 +159,7 @@ def test_softmax_tiny_outputs(path, fuseaudit_device):
 
 
 @pytest.mark.parametrize("path", ["whole", "tail", "looped", "lanes"])
-def test_softmax_special_values(path, fuseaudit_device):
+def test_softmax_special_values(path, fuseaudit_device, special_logit_rows):
     """Rows with NaN, +inf, -inf (first, last, a prefix of whole blocks, everywhere) and a huge logit after -inf:
     NaN exactly where eager has it, the rest within the policy, float32 and bfloat16 (lanes: bfloat16 only).
 
@@ -168,17 +168,11 @@ def test_softmax_special_values(path, fuseaudit_device):
     other code again; the whole row with a tail (N = 300 = 256 + 64) has a
     block and a tail to combine.  Then the ``masked`` regime's rows through
     ``run_case``."""
-    inf, nan = float("inf"), float("nan")
+    inf = float("inf")
     n = 300
-    rows = [
-        [1.0, nan] + [0.5] * (n - 2),
-        [0.25] * (n - 1) + [inf],
-        [-inf, 1.0] + [0.5] * (n - 2),
-        [-inf] * n,
-        [-inf] * (n // 2) + [1e4] * (n - n // 2),
-        [-inf] * 200 + [float(i) / 8 for i in range(n - 200)],
-        [float(i - n // 2) / 8 for i in range(n)],
-    ]
+    rows = [*special_logit_rows(n),
+            [-inf] * (n // 2) + [1e4] * (n - n // 2),
+            [-inf] * 200 + [float(i) / 8 for i in range(n - 200)]]
     from fuseaudit.kernels import softmax
 
     for dtype in ("bfloat16",) if path == "lanes" else ("float32", "bfloat16"):
