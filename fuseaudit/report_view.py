@@ -646,27 +646,15 @@ def _power_summary(rows: list[dict[str, Any]]) -> str:
 
 
 def e2e(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The end-to-end decode-step tables of the first run that has them."""
+    """The end-to-end decode-step tables of the first run that has them (this project's stack or a transformers
+    model)."""
     for run in sorted(runs, key=lambda r: r["device"] != "cuda"):
         doc = (run.get("e2e") or {}).get("document")
         if not doc:
             continue
         agreement = doc.get("agreement") or {}
-        results_rows = [{
-            "variant": r.get("variant"), "batch": r.get("batch"), "ttft": fmt(r.get("ttft_ms"), ".3g"),
-            "tpot": fmt(r.get("tpot_ms"), ".3g"), "tpot_graph": fmt(r.get("tpot_graph_ms"), ".3g"),
-            "launches": ((r.get("launches") or {}).get("count", "–")),
-            "peak": fmt_bytes(r.get("peak_decode_bytes")), "skipped": r.get("skipped") or "",
-            "errors": "; ".join(f"{k}: {v}" for k, v in (r.get("errors") or {}).items()),
-        } for r in doc.get("results", [])]
         gains = {(g.get("variant"), g.get("batch")): g for g in doc.get("gains", [])}
-        for row in results_rows:
-            g = gains.get((row["variant"], row["batch"]), {})
-            row["tpot_gain"] = fmt_x(g.get("tpot_gain"))
-            row["ttft_gain"] = fmt_x(g.get("ttft_gain"))
-            row["tpot_value"] = number(g.get("tpot_gain"))
-            row["tpot_cls"] = "" if row["variant"] == "eager" else speed_cls(g.get("tpot_gain"))
-            row["ttft_cls"] = "" if row["variant"] == "eager" else speed_cls(g.get("ttft_gain"))
+        results_rows = [_e2e_row(r, gains.get((r.get("variant"), r.get("batch")), {})) for r in doc.get("results", [])]
         micro = [{"batch": m.get("batch"), "predicted": fmt_x(m.get("predicted_gain")),
                   "measured": fmt_x(m.get("measured_gain")), "measured_cls": speed_cls(m.get("measured_gain")),
                   "share": _percent(m.get("eager_share_of_step")),
@@ -676,13 +664,71 @@ def e2e(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         cfg = doc.get("config") or {}
         cpu_launches = [{"variant": k, "text": str(v.get("count")) if "count" in v else str(v.get("error", "–"))}
                         for k, v in (doc.get("launches_cpu") or {}).items() if isinstance(v, dict)]
+        shown = {col: any(r[col] != "–" for r in results_rows) for col in ("tokens", "graph_gain", "launches")}
         return {"device": run["device"], "verdict": agreement.get("verdict", "–"), "checks": checks,
                 "results": results_rows, "micro": micro, "timing": doc.get("timing"),
                 "timing_note": doc.get("timing_note") or "", "notes": doc.get("notes") or [],
-                "config": ", ".join(f"{k}={v}" for k, v in cfg.items()), "dtype": doc.get("dtype"),
-                "prompt_len": doc.get("prompt_len"), "skipped": doc.get("skipped") or [],
-                "cpu_launches": cpu_launches}
+                "model": _e2e_model(doc), "hf": bool(doc.get("model_class")), "shown": shown,
+                "config": ", ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, dict)),
+                "dtype": doc.get("dtype"), "prompt_len": doc.get("prompt_len"), "skipped": doc.get("skipped") or [],
+                "cpu_launches": cpu_launches, "profiles": [_e2e_profile(p) for p in doc.get("profiles") or []],
+                "greedy": [_greedy_line(g) for g in agreement.get("greedy") or []]}
     return None
+
+
+def _e2e_model(doc: dict[str, Any]) -> str:
+    """What was measured: a transformers class of a size, or the project's own stack."""
+    if not doc.get("model_class"):
+        return "A Llama-style decoder of this project's own"
+    cfg = doc.get("config") or {}
+    params = number(cfg.get("params"))
+    size = f"{params / 1e9:.2f}B parameters, " if params else ""
+    return (f"transformers' {doc['model_class']} ({size}{cfg.get('layers', '?')} layers, hidden "
+            f"{cfg.get('hidden', '?')}; random weights)")
+
+
+def _e2e_row(r: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
+    """One variant at one batch: times, their spread, tokens/s, gains over eager (eager/variant)."""
+    spread = number((r.get("tpot") or {}).get("iqr_us"))
+    eager = r.get("variant") == "eager"
+    return {
+        "variant": r.get("variant"), "batch": r.get("batch"), "ttft": fmt(r.get("ttft_ms"), ".3g"),
+        "tpot": fmt(r.get("tpot_ms"), ".3g"), "tpot_iqr": fmt(spread / 1e3 if spread is not None else None, ".2g"),
+        "tokens": fmt(r.get("tokens_per_s"), ".0f"), "tpot_graph": fmt(r.get("tpot_graph_ms"), ".3g"),
+        "launches": (r.get("launches") or {}).get("count", "–"),
+        "peak": fmt_bytes(r.get("peak_decode_bytes", r.get("peak_bytes"))), "skipped": r.get("skipped") or "",
+        "errors": "; ".join(f"{k}: {v}" for k, v in (r.get("errors") or {}).items()),
+        "tpot_gain": fmt_x(g.get("tpot_gain")), "ttft_gain": fmt_x(g.get("ttft_gain")),
+        "graph_gain": fmt_x(g.get("tpot_graph_gain")), "tpot_value": number(g.get("tpot_gain")),
+        "tpot_cls": "" if eager else speed_cls(g.get("tpot_gain")),
+        "ttft_cls": "" if eager else speed_cls(g.get("ttft_gain")),
+        "graph_cls": "" if eager else speed_cls(g.get("tpot_graph_gain")),
+    }
+
+
+def _e2e_profile(p: dict[str, Any]) -> dict[str, Any]:
+    """Where one profiled decode step's GPU and host time went, by category (the model's ops, matmuls, the rest)."""
+    def ms(value: Any) -> str:  # the document's µs, shown in ms
+        v = number(value)
+        return fmt(v / 1e3 if v is not None else None, ".3g")
+
+    return {"variant": p.get("variant"), "batch": p.get("batch"), "trace": p.get("trace") or "",
+            "host": ms(p.get("host_step_us")), "busy": ms(p.get("gpu_busy_us")), "span": ms(p.get("gpu_span_us")),
+            "kernels": p.get("kernels", "–"), "error": p.get("error") or "",
+            "rows": [{"category": r.get("category"), "gpu": ms(r.get("gpu_us")),
+                      "gpu_share": _percent(r.get("gpu_share")),
+                      "host": ms(r.get("host_us")), "host_share": _percent(r.get("host_share")),
+                      "kernels": r.get("kernels", "–")} for r in p.get("rows") or []]}
+
+
+def _greedy_line(g: dict[str, Any]) -> str:
+    """Greedy tokens of a variant against its reference: identical, or where they first part."""
+    head = f"{g.get('variant')} vs {g.get('reference')} over {g.get('steps')} steps: "
+    if g.get("identical"):
+        return head + "identical tokens"
+    d = g.get("first_divergence") or {}
+    return head + (f"first divergence at step {d.get('step')}, row {d.get('row')} ({d.get('reference_token')} vs "
+                   f"{d.get('token')}; gap {fmt(d.get('reference_gap'), '.3g')} in the reference's logits)")
 
 
 E2E_ULP_BUDGET = 64.0  # the catalog's widest dtype budget (attention's): past it a passing figure is explained

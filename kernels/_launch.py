@@ -66,6 +66,7 @@ from typing import Any
 
 import torch
 import triton
+from triton.runtime.autotuner import Autotuner
 
 from . import _coop, _tuning
 from ._rows import interpreting
@@ -136,18 +137,26 @@ class Plan:
     ``fallback``, if given, is a plan taking the same tensors that this one
     gives way to for good when CUDA refuses its first launch as a
     cooperative grid that does not fit (see ``_coop.py``), with a warning.
+    ``late``: the number of scalars each launch passes after the tensors
+    (``plan.launch(*tensors, *late_values)``); the kernel takes them after
+    the tensors and the scratch, before ``scalars``.  They are values that
+    change from call to call without changing the launch (a growing cache's
+    length), so the plan's key holds what Triton specialises them on.
+    A ``kernel`` that is a ``triton.autotune`` is launched through it once;
+    the plan then fixes the config it chose and launches the kernel itself.
     """
 
-    __slots__ = ("fallback", "grid", "kernel", "launch", "meta", "row_major", "scalars", "scratch")
+    __slots__ = ("fallback", "grid", "kernel", "late", "launch", "meta", "row_major", "scalars", "scratch")
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], *scalars: Any,
                  scratch: Callable[[torch.device], tuple[torch.Tensor, ...]] | None = None,
-                 fallback: Plan | None = None, **meta: Any) -> None:
+                 fallback: Plan | None = None, late: int = 0, **meta: Any) -> None:
         self.kernel = kernel
         self.grid = grid
         self.scalars = scalars
         self.scratch = scratch
         self.fallback = fallback
+        self.late = late
         self.meta = meta
         # Whether the first input is contiguous (set by planned, which keys
         # plans by its strides): then ``torch.empty_like`` of it is a
@@ -162,26 +171,34 @@ class Plan:
     def __call__(self, *tensors: torch.Tensor) -> None:
         self.launch(*tensors)
 
-    def _first_launch(self, *tensors: torch.Tensor) -> None:
+    def _first_launch(self, *args: Any) -> None:
         try:
-            compiled = self._launch_by_kernel(*tensors)
+            compiled = self._launch_by_kernel(*args)
         except RuntimeError as e:
             if self.fallback is None or "cooperative" not in str(e):
                 raise
             warnings.warn(f"{self!r}: CUDA refused the cooperative launch ({e}); using {self.fallback!r}",
                           RuntimeWarning, stacklevel=_outside_stacklevel())
-            self.fallback.launch(*tensors)
+            self.fallback.launch(*args)
             self.launch = self.fallback.launch  # its own launcher from now on
             return
         if ENABLED:  # from now on the compiled kernel's launcher, or kernel[grid] where none can be built
-            scratch = () if self.scratch is None else self.scratch(tensors[0].device)
-            self.launch = _launcher(self, compiled, len(tensors) + len(scratch)) or self._launch_by_kernel
+            self._fix_tuned_config()
+            scratch = () if self.scratch is None else self.scratch(args[0].device)
+            self.launch = _launcher(self, compiled, len(args) - self.late + len(scratch)) or self._launch_by_kernel
 
-    def _launch_by_kernel(self, *tensors: torch.Tensor) -> Any:
+    def _fix_tuned_config(self) -> None:
+        """After an autotuned first launch: the kernel itself, with the config the autotuner chose."""
+        tuned = getattr(self.kernel, "best_config", None) if isinstance(self.kernel, Autotuner) else None
+        if tuned is not None and tuned.pre_hook is None and hasattr(tuned, "all_kwargs"):
+            self.kernel, self.meta = self.kernel.fn, {**self.meta, **tuned.all_kwargs()}
+
+    def _launch_by_kernel(self, *args: Any) -> Any:
         """``kernel[grid](...)``, Triton's own launch; returns its compiled kernel."""
         if self.scratch is not None:
-            tensors = (*tensors, *self.scratch(tensors[0].device))
-        return self.kernel[self.grid](*tensors, *self.scalars, **self.meta)
+            n = len(args) - self.late
+            args = (*args[:n], *self.scratch(args[0].device), *args[n:])
+        return self.kernel[self.grid](*args, *self.scalars, **self.meta)
 
     def __repr__(self) -> str:
         name = getattr(self.kernel, "__name__", type(self.kernel).__name__)
@@ -252,15 +269,15 @@ def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[..., None] 
     """A function launching ``compiled`` on the plan's grid with given tensors, or None where none can be built.
 
     ``n_tensors`` counts the kernel's tensor arguments, the plan's scratch
-    included (the function appends those); after them come the plan's
-    scalars and constexpr values in signature order (Triton's binder is what
-    this skips).
+    included (the function appends those); after them come the launch's late
+    values, the plan's scalars and constexpr values in signature order
+    (Triton's binder is what this skips).
     """
     names = getattr(plan.kernel, "arg_names", None)
     if compiled is None or names is None or not hasattr(compiled, "__getitem__"):
         return None
-    scratch = plan.scratch
-    rest = names[n_tensors + len(plan.scalars):]
+    scratch, late = plan.scratch, plan.late
+    rest = names[n_tensors + late + len(plan.scalars):]
     if any(name not in plan.meta for name in rest):  # a defaulted argument: leave it to Triton's binder
         return None
     trailing = (*plan.scalars, *(plan.meta[name] for name in rest))
@@ -274,10 +291,11 @@ def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[..., None] 
     stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
     if get_device is None or stream is None or runtime is None:
-        def launch_by_runner(*tensors: torch.Tensor) -> None:
+        def launch_by_runner(*args: Any) -> None:
+            tensors, values = (args[:-late], args[-late:]) if late else (args, ())
             if scratch is not None:
                 tensors = (*tensors, *scratch(tensors[0].device))
-            runner(*tensors, *trailing)
+            runner(*tensors, *values, *trailing)
         return launch_by_runner
     # A plan is kept per current device (see planned): it launches on this
     # device's current stream.
@@ -291,7 +309,8 @@ def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[..., None] 
         call, coop, pdl = c_launch
         extra = (coop, pdl, None, None, *extra)
 
-    def launch(*tensors: torch.Tensor) -> None:
+    def launch(*args: Any) -> None:
+        tensors, values = (args[:-late], args[-late:]) if late else (args, ())
         if scratch is not None:
             tensors = (*tensors, *scratch(tensors[0].device))
         # Any registered hook (launch counting, profilers): Triton's runner.
@@ -301,9 +320,9 @@ def _launcher(plan: Plan, compiled: Any, n_tensors: int) -> Callable[..., None] 
         enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
         if ((enter is not None and getattr(enter, "calls", True))
                 or (leave is not None and getattr(leave, "calls", True))):
-            runner(*tensors, *trailing)
+            runner(*tensors, *values, *trailing)
             return
-        call(gx, gy, gz, stream(device), function, *extra, *map(_data_ptr, tensors), *trailing)
+        call(gx, gy, gz, stream(device), function, *extra, *map(_data_ptr, tensors), *values, *trailing)
     return launch
 
 

@@ -93,11 +93,15 @@ import functools
 import inspect
 import math
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from . import _launch
+from ._launch import Plan, planned
 from ._rows import check_tensors, interpreting, next_pow2
 
 try:  # host-side tensor descriptors (the bulk tensor copy engine on Hopper)
@@ -339,12 +343,12 @@ def _merge_splits(
 def _attention_fwd_kernel(
     Q, K, V, Out,
     Opart, Mpart, Lpart, Locks,  # split-K scratch; unused unless SPLIT
+    Sk, split_len,  # first of the scalars: what changes from one decode step to the next
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    Sq, Sk, qk_scale,
-    split_len, num_splits,
+    Sq, qk_scale, num_splits,
     ROWS_BUCKET, KEYS_BUCKET,  # autotune keys only (rounded sizes)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
     CAUSAL: tl.constexpr, SPLIT: tl.constexpr, NEGATE_Q: tl.constexpr,
@@ -682,6 +686,11 @@ _INTERP_NUM_SMS = 8  # pretend SM count, so that small tests (B * Hkv < 8) exerc
 # ----------------------------------------------------------------------------
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ints, in plain Python (``triton.cdiv`` costs a call through Triton)."""
+    return -(-a // b)
+
+
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -689,21 +698,49 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_LOCKS: dict[torch.device, torch.Tensor] = {}
+# Split-K scratch per device: (partials, counters).  Calls on concurrent streams must not share it.
+_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+# Outgrown workspaces are kept, not freed: a captured CUDA graph may still address them.
+_OUTGROWN: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
-def _split_locks(device: torch.device, n: int) -> torch.Tensor:
-    """Per-row-block arrival counters for split-K, all zero between calls.
+def _workspace(device: torch.device, floats: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float32 buffer of at least ``floats`` and an int32 one of at least ``counters`` on ``device``.
 
-    Each call's last program resets its counter, so the buffer is zeroed only
-    when it is (re)allocated, by a host-to-device copy rather than a fill
-    kernel.  Calls on concurrent streams must not share it.
+    The counters are all zero between calls: each call's last program re-arms
+    its own.  So they are zeroed only when allocated, by a host-to-device copy
+    rather than a fill kernel (a launch count sees one kernel per call).
     """
-    locks = _LOCKS.get(device)
-    if locks is None or locks.numel() < n:
-        locks = torch.zeros(next_pow2(max(n, 1024)), dtype=torch.int32).to(device)
-        _LOCKS[device] = locks
-    return locks
+    ws = _WORKSPACE.get(device)
+    if ws is not None and ws[0].numel() >= floats and ws[1].numel() >= counters:
+        return ws
+    if ws is not None:
+        _OUTGROWN.append(ws)
+    old_floats, old_counters = (ws[0].numel(), ws[1].numel()) if ws is not None else (0, 0)
+    ws = (torch.empty(max(next_pow2(max(floats, 1)), old_floats), dtype=torch.float32, device=device),
+          torch.zeros(max(next_pow2(max(counters, 1024)), old_counters), dtype=torch.int32).to(device))
+    _WORKSPACE[device] = ws
+    return ws
+
+
+def _split_scratch(parts: int, block_m: int, block_d: int,
+                   counters: int) -> Callable[[torch.device], tuple[torch.Tensor, ...]]:
+    """A plan's scratch for split-K: ``(Opart, Mpart, Lpart, Locks)`` of ``parts`` partial row blocks.
+
+    Views of the device's workspace, made again only when it grows (a plan
+    launch then costs a dictionary look-up).  Offsets are multiples of 16
+    floats, so every pointer stays 16-byte aligned, as Triton specialised it.
+    """
+    o_size, m_size = parts * block_m * block_d, parts * block_m
+    held: list[Any] = [None, ()]
+
+    def scratch(device: torch.device) -> tuple[torch.Tensor, ...]:
+        ws = _workspace(device, o_size + 2 * m_size, counters)
+        if held[0] is not ws:
+            part, locks = ws
+            held[:] = ws, (part, part[o_size:], part[o_size + m_size:], locks)
+        return held[1]
+    return scratch
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -730,20 +767,23 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"attention: head dim {D} is outside 1..{MAX_HEAD_DIM}")
 
 
-def _num_splits(
-    programs: int, keys: int, device: torch.device, align: int, min_chunk: int
-) -> tuple[int, int]:
+@functools.lru_cache(maxsize=4096)
+def _num_splits(programs: int, keys: int, device: torch.device) -> tuple[int, int]:
     """Chunks to split ``keys`` into so that about one program runs per SM: ``(n, chunk)``.
 
-    Chunks are multiples of ``align`` keys and at least ``min_chunk`` long.
+    Chunks are multiples of ``_SPLIT_ALIGN`` keys and at least
+    ``_SPLIT_MIN_KEYS`` long (under the interpreter, of ``_INTERP_BLOCK_N``).
     One program per SM (``DECODE_PROGRAMS_PER_SM``): more programs an SM
     only add chunks to merge where the kernel, not the host, sets the time.
+    ``n = 1`` is one chunk of all the keys.  Cached: a decode step asks it
+    once a layer.
     """
-    n = min(triton.cdiv(DECODE_PROGRAMS_PER_SM * _num_sms(device), programs), triton.cdiv(keys, min_chunk))
+    align, min_chunk = (_INTERP_BLOCK_N, _INTERP_BLOCK_N) if interpreting() else (_SPLIT_ALIGN, _SPLIT_MIN_KEYS)
+    n = min(cdiv(DECODE_PROGRAMS_PER_SM * _num_sms(device), programs), cdiv(keys, min_chunk))
     if n <= 1:
-        return 1, keys
-    chunk = triton.cdiv(triton.cdiv(keys, n), align) * align
-    return triton.cdiv(keys, chunk), chunk
+        return 1, max(keys, 1)
+    chunk = cdiv(cdiv(keys, n), align) * align
+    return cdiv(keys, chunk), chunk
 
 
 def _tma_compatible(t: torch.Tensor, block_d: int) -> bool:
@@ -928,6 +968,12 @@ def _launch_ws(
         _attention_ws[grid](*args, **meta)
 
 
+_WS_CONFIG_ERROR = (
+    "attention: a warp-specialised config needs non-causal half-precision prefill at D = 128 "
+    f"with Sk a multiple of {_WS_EVEN_KEYS} and q, k, v the copy engine can read, on Hopper"
+)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -959,6 +1005,51 @@ def attention_with_config(
     config: triton.Config | None,
 ) -> torch.Tensor:
     """:func:`attention` with one given tile config (GPU; ``None``: autotuned)."""
+    found = _kept_decode(q, k, v, bool(causal), scale, config)
+    if found is None:
+        return _attention(q, k, v, bool(causal), scale, config)
+    plan, sk, split_len = found
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    plan.launch(q, k, v, out, sk, split_len)
+    return out
+
+
+def _kept_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+                 config: triton.Config | None) -> tuple[Plan, int, int] | None:
+    """A decode call's kept plan (``_launch.py``) with its ``Sk`` and ``split_len``; None for any other call.
+
+    A decode step differs from the one before only in ``Sk``, the keys of a
+    growing cache: the plan is kept by everything else (q's layout, k's and
+    v's but for ``Sk``), by what ``Sk`` decides (the splits, the autotune
+    bucket) and by what Triton specialises ``Sk`` and ``split_len`` on (one,
+    a multiple of 16).  ``Sk`` and ``split_len`` are passed at each launch.
+    Anything that is not a well-formed decode call takes the full path,
+    which says what is wrong with it.
+    """
+    if not _launch.ENABLED:
+        return None
+    try:
+        B, H, Sq, _ = q.shape
+        Bk, Hkv, sk, Dk = k.shape
+        rows = Sq * (H // Hkv)
+        if not 0 < rows <= DECODE_MAX_ROWS or v.shape != k.shape:
+            return None
+        device = q.device
+        keys = min(sk, Sq) if causal else sk
+        n, split_len = _num_splits(B * Hkv, keys, device)
+        layout = (causal, scale, config, n, next_pow2(max(min(keys, split_len), 16)),
+                  sk % 16 == 0, sk == 1, split_len % 16 == 0, split_len == 1,
+                  Bk, Hkv, Dk, k.stride(), v.stride(), k.dtype, v.dtype, k.get_device(), v.get_device(),
+                  k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    plan = planned(layout, (q,), _decode_plan, q, k, v, causal, scale, config, n, split_len)
+    return None if plan is None else (plan, sk, split_len)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+               config: triton.Config | None) -> torch.Tensor:
+    """Every call's full path: check, choose the kernel, allocate, launch."""
     check_tensors("attention", q=q, k=k, v=v)
     _check_shapes(q, k, v)
     B, H, Sq, D = q.shape
@@ -974,46 +1065,24 @@ def attention_with_config(
     keys = min(Sk, Sq) if causal else Sk  # keys the last row can see
     interp = interpreting()
     decode = rows <= DECODE_MAX_ROWS
-    block_m = max(16, next_pow2(rows)) if decode else _INTERP_BLOCK_M if interp else None
+    if decode:
+        n, split_len = _num_splits(B * Hkv, keys, q.device)
+        _decode_plan(q, k, v, causal, scale, config, n, split_len).launch(q, k, v, out, Sk, split_len)
+        return out
 
-    if config is None and _use_gluon(q, k, v, decode, interp, causal=bool(causal), scale=scale):
-        attention_hopper.attention_into(q, k, v, out, causal=bool(causal), qk_scale=scale * LOG2E)
+    if config is None and _use_gluon(q, k, v, decode, interp, causal=causal, scale=scale):
+        attention_hopper.attention_into(q, k, v, out, causal=causal, qk_scale=scale * LOG2E)
         return out
     ws_config = config is not None and any(config is c for c in _WS_CONFIGS)
-    use_ws = (ws_config or config is None) and _use_warp_specialize(q, k, v, decode, interp, causal=bool(causal))
+    use_ws = (ws_config or config is None) and _use_warp_specialize(q, k, v, decode, interp, causal=causal)
     if ws_config and not use_ws:
-        raise ValueError(
-            "attention: a warp-specialised config needs non-causal half-precision prefill at D = 128 "
-            f"with Sk a multiple of {_WS_EVEN_KEYS} and q, k, v the copy engine can read, on Hopper"
-        )
+        raise ValueError(_WS_CONFIG_ERROR)
     if ws_config or (config is None and use_ws):
         _launch_ws(q, k, v, out, scale=scale, config=config, interp=interp)
         return out
 
-    num_splits, split_len = 1, max(Sk, 1)
-    if decode and keys > 0:
-        if interp:
-            num_splits, split_len = _num_splits(
-                B * Hkv, keys, q.device, _INTERP_BLOCK_N, _INTERP_BLOCK_N
-            )
-        else:
-            num_splits, split_len = _num_splits(
-                B * Hkv, keys, q.device, _SPLIT_ALIGN, _SPLIT_MIN_KEYS
-            )
-    split = num_splits > 1
-    if split:
-        n_blocks = B * Hkv  # one row block per kv head when decoding
-        opart = torch.empty((n_blocks * num_splits, block_m, block_d), dtype=torch.float32,
-                            device=q.device)
-        mpart = torch.empty((n_blocks * num_splits, block_m), dtype=torch.float32,
-                            device=q.device)
-        lpart = torch.empty_like(mpart)
-        locks = _split_locks(q.device, n_blocks)
-    else:
-        opart = mpart = lpart = locks = out  # not read
-
     def grid(meta: dict) -> tuple[int, int, int]:
-        return (triton.cdiv(rows, meta["BLOCK_M"]) * num_splits, Hkv, B)
+        return (cdiv(rows, meta["BLOCK_M"]), Hkv, B)
 
     k_arg, v_arg = k, v
     if _use_descriptors(q, decode, interp):
@@ -1023,38 +1092,82 @@ def attention_with_config(
     use_desc = k_arg is not k
 
     args = (
-        q, k_arg, v_arg, out, opart, mpart, lpart, locks,
+        q, k_arg, v_arg, out, out, out, out, out, Sk, max(Sk, 1),  # no split-K: the scratch is not read
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        Sq, Sk, abs(scale) * LOG2E, split_len, num_splits,
-        next_pow2(max(rows, 16)), next_pow2(max(min(keys, split_len), 16)),
+        Sq, abs(scale) * LOG2E, 1, next_pow2(max(rows, 16)), next_pow2(max(keys, 16)),
     )
-    meta = dict(
-        HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, CAUSAL=bool(causal), SPLIT=split,
-        NEGATE_Q=scale < 0, USE_DESC=use_desc,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        INTERP_BF16=interp and q.dtype == torch.bfloat16,
-    )
+    meta = _constexprs(q, group=group, causal=causal, split=False, scale=scale, use_desc=use_desc, interp=interp)
     if interp:
         if use_desc:
             _set_desc_blocks({"K": k_arg, "V": v_arg, "BLOCK_N": _INTERP_BLOCK_N, "BLOCK_D": block_d})
-        _attention_fwd_kernel[grid](*args, **meta, BLOCK_M=block_m, BLOCK_N=_INTERP_BLOCK_N)
+        _attention_fwd_kernel[grid](*args, **meta, BLOCK_M=_INTERP_BLOCK_M, BLOCK_N=_INTERP_BLOCK_N)
     elif config is not None or os.environ.get("FUSEAUDIT_AUTOTUNE", "1") == "0":
         # one fixed config, no autotuning: the first that fits, or the one asked for
-        configs = _DECODE_CONFIGS if decode else _PREFILL_CONFIGS
-        cfg = config or _prune(configs, {"BLOCK_D": block_d, "Q": q, "BLOCK_M": block_m})[0]
-        fixed = dict(cfg.kwargs)
-        if decode:
-            fixed["BLOCK_M"] = block_m
+        cfg = config or _prune(_PREFILL_CONFIGS, {"BLOCK_D": block_d, "Q": q})[0]
         if use_desc:
-            _set_desc_blocks({"K": k_arg, "V": v_arg, "BLOCK_N": fixed["BLOCK_N"], "BLOCK_D": block_d})
-        options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        if cfg.maxnreg:
-            options["maxnreg"] = cfg.maxnreg  # a register cap, e.g. for two blocks per SM
-        _attention_fwd_kernel[grid](*args, **meta, **fixed, **options)
-    elif decode:
-        _attention_decode[grid](*args, **meta, BLOCK_M=block_m)
+            _set_desc_blocks({"K": k_arg, "V": v_arg, "BLOCK_N": cfg.kwargs["BLOCK_N"], "BLOCK_D": block_d})
+        _attention_fwd_kernel[grid](*args, **meta, **cfg.kwargs, **_options(cfg))
     elif use_desc:
         _attention_prefill_desc[grid](*args, **meta)
     else:
         _attention_prefill[grid](*args, **meta)
     return out
+
+
+def _constexprs(q: torch.Tensor, *, group: int, causal: bool, split: bool, scale: float, use_desc: bool,
+                interp: bool) -> dict[str, Any]:
+    """``_attention_fwd_kernel``'s constexprs but the tile's."""
+    D = q.shape[-1]
+    return dict(
+        HEAD_DIM=D, BLOCK_D=max(16, next_pow2(D)), GROUP=group, CAUSAL=causal, SPLIT=split,
+        NEGATE_Q=scale < 0, USE_DESC=use_desc,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        INTERP_BF16=interp and q.dtype == torch.bfloat16,
+    )
+
+
+def _options(cfg: triton.Config) -> dict[str, int]:
+    """A config's launch options: warps, stages and, if it has one, a register cap (two blocks per SM)."""
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg:
+        options["maxnreg"] = cfg.maxnreg
+    return options
+
+
+def _decode_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+                 config: triton.Config | None, num_splits: int, split_len: int) -> Plan:
+    """Check a decode call and build its launch: ``plan.launch(q, k, v, out, Sk, split_len)``.
+
+    One row block per kv head (``BLOCK_M``: the packed rows, 16 to 64), its
+    keys in ``num_splits`` chunks of ``split_len``.  The key tile is
+    autotuned (the plan keeps the autotuner's choice), or ``config``'s, or
+    with ``FUSEAUDIT_AUTOTUNE=0`` the first that fits.
+    """
+    check_tensors("attention", q=q, k=k, v=v)
+    _check_shapes(q, k, v)
+    if config is not None and any(config is c for c in _WS_CONFIGS):
+        raise ValueError(_WS_CONFIG_ERROR)
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    rows = Sq * (H // Hkv)
+    block_m, block_d = max(16, next_pow2(rows)), max(16, next_pow2(D))
+    keys = min(Sk, Sq) if causal else Sk
+    split = num_splits > 1
+    interp = interpreting()
+    out_strides = (H * Sq * D, Sq * D, D, 1)  # the contiguous output's
+    scalars = (*q.stride(), *k.stride(), *v.stride(), *out_strides, Sq, abs(scale) * LOG2E, num_splits,
+               next_pow2(max(rows, 16)), next_pow2(max(min(keys, split_len), 16)))
+    meta = dict(_constexprs(q, group=H // Hkv, causal=causal, split=split, scale=scale, use_desc=False,
+                            interp=interp), BLOCK_M=block_m)
+    scratch = _split_scratch(B * Hkv * num_splits if split else 0, block_m, block_d, B * Hkv)
+    grid = (num_splits, Hkv, B)  # one row block per kv head
+    if interp:
+        kernel, meta["BLOCK_N"] = _attention_fwd_kernel, _INTERP_BLOCK_N
+    elif config is not None or os.environ.get("FUSEAUDIT_AUTOTUNE", "1") == "0":
+        cfg = config or _prune(_DECODE_CONFIGS, {"BLOCK_D": block_d, "Q": q, "BLOCK_M": block_m})[0]
+        kernel = _attention_fwd_kernel
+        meta.update({**cfg.kwargs, "BLOCK_M": block_m}, **_options(cfg))
+    else:
+        kernel = _attention_decode
+    return Plan(kernel, grid, *scalars, late=2, scratch=scratch, **meta)

@@ -357,3 +357,80 @@ def test_outputs_are_row_major_whatever_the_input(fuseaudit_device: str, monkeyp
         assert plan.row_major == (name == "contiguous"), name
     assert _launch.output_like(layouts["transposed"], None).is_contiguous(), "no plan: a row-major allocation"
     _launch.clear_cache()
+
+
+def test_late_values_and_an_autotuned_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``late`` values follow the tensors and the scratch; a plan of an autotuned kernel launches through the
+    autotuner once, then the kernel itself with the config the autotuner chose."""
+    import triton
+    from triton.runtime.autotuner import Autotuner
+
+    calls: list[tuple] = []
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+
+        def run(self, *args):
+            calls.append(("run", *args))
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("runner", *args))
+
+    class Kernel:
+        arg_names = ("X", "Y", "W", "S", "n", "BLOCK", "TILE")
+
+    class Tuner(Autotuner):  # stands in for triton.autotune(...)(Kernel), its first launch done
+        def __init__(self) -> None:
+            self.fn, self.arg_names = Kernel(), Kernel.arg_names
+            self.best_config = triton.Config({"TILE": 32}, num_warps=8)
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: (calls.append(("tuner", grid, *args, meta)), Compiled())[1]
+
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_exit_hook", None)
+    x, y, w = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    plan = _launch.Plan(Tuner(), (3,), 77, late=1, scratch=lambda device: (w,), BLOCK=64)
+    plan.launch(x, y, 5)
+    assert calls.pop() == ("tuner", (3,), x, y, w, 5, 77, {"BLOCK": 64}), "tensors, scratch, late values, scalars"
+    assert isinstance(plan.kernel, Kernel) and plan.meta["TILE"] == 32 and plan.meta["num_warps"] == 8
+    plan.launch(x, y, 6)
+    assert calls.pop() == ("run", 3, 1, 1, 7, "function", "packed", None, None, None,
+                           x.data_ptr(), y.data_ptr(), w.data_ptr(), 6, 77, 64, 32), "the chosen config, fixed"
+
+
+def _decode_inputs(device: str, B: int, H: int, Hkv: int, D: int, cache: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(B * H + cache)
+    q = torch.randn(B, 1, H, D, generator=g).to(device, torch.float16).transpose(1, 2)  # as transformers passes q
+    k, v = (torch.randn(B, Hkv, cache, D, generator=g).to(device, torch.float16) for _ in range(2))
+    return q, k, v
+
+
+# (B, H, Hkv, D, steps): under the interpreter (16-key chunks, 8 pretend SMs) the first splits its keys, its
+# chunk and split count changing over these steps; the second (8 programs) never splits, Sk crossing 128
+@pytest.mark.parametrize("B,H,Hkv,D,steps", [(1, 8, 2, 64, range(120, 136)), (1, 8, 8, 16, range(126, 131))])
+def test_kept_decode_plans_follow_a_growing_cache(fuseaudit_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                  B: int, H: int, Hkv: int, D: int, steps: range) -> None:
+    """Decoding over a growing KV cache (``Sk`` one more each step, across split and 16-key boundaries): kept
+    plans give the same bits as the full path, and are kept by what ``Sk`` decides, not by ``Sk`` itself."""
+    from fuseaudit.kernels import attention as attn
+
+    if fuseaudit_device == "cpu":  # plans are kept on a GPU only; here they are kept, each launched by Triton
+        monkeypatch.setattr(_launch, "ENABLED", True)
+        monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    _launch.clear_cache()
+    q, k, v = _decode_inputs(fuseaudit_device, B, H, Hkv, D, 160)
+    for sk in steps:
+        kept = attn.attention(q, k[:, :, :sk], v[:, :, :sk])
+        monkeypatch.setattr(_launch, "ENABLED", False)
+        full = attn.attention(q, k[:, :, :sk], v[:, :, :sk])
+        monkeypatch.setattr(_launch, "ENABLED", True)
+        assert torch.equal(kept, full), f"Sk={sk}: the kept plan differs from the full path"
+    splits = {attn._num_splits(B * Hkv, sk, q.device)[0] for sk in steps}
+    assert len(_launch._PLANS) <= 6 * len(splits), f"{len(_launch._PLANS)} plans for {len(steps)} steps"
+    with pytest.raises(ValueError, match="k and v must have one shape"):
+        attn.attention(q, k[:, :, :100], v[:, :, :101])
+    _launch.clear_cache()

@@ -183,6 +183,50 @@ def test_report_is_self_contained_and_escapes_untrusted_text(synthetic_page: Pat
     assert "NVIDIA H200" in html and "softmax" in html and "2.40×" in html
 
 
+def _hf_e2e_document() -> dict[str, Any]:
+    """A ``fuseaudit e2e --model hf-llama`` document: tokens/s, graph gains, spread, one profiled step."""
+    rows, gains = [], []
+    for variant, tpot in (("eager", 20.0), ("fused", 15.0)):
+        rows.append({"variant": variant, "batch": 1, "ttft_ms": 12.0, "tpot_ms": tpot, "tokens_per_s": 1e3 / tpot,
+                     "tpot": {"median_us": tpot * 1e3, "iqr_us": 1100.0}, "tpot_graph_ms": tpot / 8,
+                     "peak_bytes": 2 << 30, "errors": {}})
+        gains.append({"variant": variant, "batch": 1, "ttft_gain": 1.0, "tpot_gain": 20.0 / tpot,
+                      "tpot_graph_gain": 1.25 if variant == "fused" else 1.0})
+    profile = {"variant": "fused", "batch": 1, "trace": "e2e-hf-llama.trace-fused-b1.json", "host_step_us": 30138.0,
+               "gpu_busy_us": 1609.0, "gpu_span_us": 27922.0, "kernels": 433,
+               "rows": [{"category": "attention", "gpu_us": 107.4, "gpu_share": 0.07, "host_us": 2009.9,
+                         "host_share": 0.07, "kernels": 16}]}
+    return {"schema": "fuseaudit-e2e-hf/1", "model": "hf-llama", "model_class": "LlamaForCausalLM",
+            "config": {"layers": 16, "hidden": 2048, "params": 1235814400, "hf": {"hidden_size": 2048}},
+            "dtype": "bfloat16", "prompt_len": 512, "timing": True, "results": rows, "gains": gains,
+            "profiles": [profile], "notes": [],
+            "agreement": {"verdict": "agree", "checks": [], "greedy": [
+                {"variant": "fused", "reference": "eager", "steps": 32, "identical": False,
+                 "first_divergence": {"step": 1, "row": 3, "reference_token": 6125, "token": 118217,
+                                      "reference_gap": 0.0156}}]}}
+
+
+def test_a_transformers_decode_step_in_the_report() -> None:
+    """A transformers model's e2e document: named with its size, every figure it holds shown (tokens/s, the
+    TPOT spread, graph gains, peak memory), the profiled step's breakdown and trace, the greedy divergence."""
+    doc = synthetic_results()
+    doc["e2e"]["document"] = _hf_e2e_document()
+    view = report_view.e2e([doc])
+    assert view is not None and view["hf"]
+    assert view["model"].startswith("transformers' LlamaForCausalLM (1.24B parameters, 16 layers")
+    fused = next(r for r in view["results"] if r["variant"] == "fused")
+    assert (fused["tokens"], fused["tpot_iqr"], fused["graph_gain"], fused["peak"]) == ("67", "1.1", "1.25×",
+                                                                                        "2 GiB")
+    assert view["shown"] == {"tokens": True, "graph_gain": True, "launches": False}
+    html = report.render_html([doc])
+    section = html[html.index('id="e2e"'):html.index('id="environment"')]
+    assert "LlamaForCausalLM" in section and "tokens/s" in section and "graph gain" in section
+    assert "launches / step" not in section, "a column no row has data for is left out, not filled with dashes"
+    assert 'href="e2e-hf-llama.trace-fused-b1.json"' in section and "30.1" in section and "0.107" in section
+    assert "first divergence at step 1, row 3" in section
+    assert "hidden_size" not in section, "the transformers config itself stays in the data file"
+
+
 def test_results_roundtrip_and_report_rerenders_from_stored_json(tmp_path: Path, capsys) -> None:
     stored = results.write(tmp_path / "results-cuda.json", synthetic_results())
     loaded = results.load(stored)
