@@ -112,7 +112,7 @@ def audit(
     if isolate:
         from .sandbox import start as start_zygote
 
-        start_zygote("cuda" if str(device).startswith("cuda") else device if device == "cpu" else _auto())
+        start_zygote("cuda" if str(device).startswith("cuda") else device if device == "cpu" else _auto(), env=env)
     device = _device(device)
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)

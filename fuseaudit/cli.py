@@ -77,7 +77,12 @@ def _start_worker_early(command: str | None, argv: list[str]) -> None:
     from .sandbox import adopt_orphans, start
 
     adopt_orphans()  # what a target's processes leave, even past a killed zygote, is ours to kill
-    start(device)
+    if command == "run":  # the reference audits' environment, which the run starts with
+        from .runner import REFERENCE_ENV
+
+        start(device, env=REFERENCE_ENV)
+    else:
+        start(device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,9 @@ Schema ``fuseaudit-results/1`` (every float finite or one of the strings
     device        "cpu" | "cuda"
     argv          the command line
     options       {ops, examples: {op: N}, target_examples, seed, builtins, shrink_time,
-                   bench, bench_seconds, e2e, e2e_seconds}
+                   bench, bench_seconds, e2e, e2e_seconds, time_limit, workers,
+                   gpus (0 on the CPU), reference_env: {VAR: value} the reference audits'
+                   children ran with -- these two absent in files written before them}
     environment   {device, device_name, torch, triton, cuda, cudnn, python, hypothesis, fuseaudit,
                    platform, cpu: {model, logical_cores}, git_commit,
                    gpu: benchjson.gpu_info() (name, capability, sm_count, memory_bytes, driver,

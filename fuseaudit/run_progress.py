@@ -1,10 +1,13 @@
 """Progress of ``fuseaudit run`` on stderr.
 
-On a terminal: a rich bar for the audits and one for the examples of the
-audit running, above one line per finished audit with its verdict.  Elsewhere
-(CI logs, a remote command): the same finished-audit lines, plus a line every
-:data:`QUIET_S` seconds saying which op and target are running and how many
-examples are done.
+On a terminal: a rich bar for the audits and, with one worker, one for the
+examples of the audit running, above one line per finished audit with its
+verdict, its time and the time the run expects is left.  Elsewhere (CI logs,
+a remote command): a line per started audit and the same finished-audit
+lines, plus, with one worker, a line every :data:`QUIET_S` seconds saying
+which op and target are running and how many examples are done.  With
+several workers audits overlap, so no example count is shown: the bar says
+how many are running.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ _STYLE = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "ERROR": "bold 
 class RunProgress:
     """What ``fuseaudit run`` shows while it works."""
 
-    def __init__(self, total_audits: int, console: Console | None = None) -> None:
+    def __init__(self, total_audits: int, console: Console | None = None, *, workers: int = 1) -> None:
         self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.start = time.monotonic()
         self.total = total_audits
+        self.workers = workers
+        self.running: set[str] = set()  # the audits begun and not ended
         self.index = 0
         self.label = ""
         self.examples = 0
@@ -72,12 +77,19 @@ class RunProgress:
         self.console.print(f"[dim]{self.elapsed()}[/dim] {text}")
 
     # -- audits -----------------------------------------------------------------
-    def begin_audit(self, op: str, target: str, examples: int) -> None:
+    def begin_audit(self, op: str, target: str, examples: int, *, worker: int = 0) -> None:
         self.index += 1
         self.label = f"{op} {target}"
+        self.running.add(self.label)
         self.examples, self.done, self.failing, self.phase = examples, 0, 0, "loading"
         self.last_line = time.monotonic()
-        if self.bar is not None:
+        if self.workers > 1:  # overlapping audits: which ones started, never one audit's examples
+            if self.bar is not None:
+                self.bar.update(self.overall, description=f"audits, {len(self.running)} running")
+            else:
+                self.line(f"audit {self.index}/{self.total}: {escape(self.label)} ({examples} examples, "
+                          f"worker {worker})")
+        elif self.bar is not None:
             self.bar.update(self.overall, description=f"audit {self.index}/{self.total}")
             self.bar.reset(self.current, total=examples, visible=True, description=escape(self.label))
         else:
@@ -103,7 +115,9 @@ class RunProgress:
             self.line(f"  {escape(self.label)}: {self.phase}, {self.done}/{self.examples} examples, "
                       f"{self.failing} failing")
 
-    def end_audit(self, entry: dict[str, Any]) -> None:
+    def end_audit(self, entry: dict[str, Any], *, left_s: float | None = None) -> None:
+        """The finished audit's line; ``left_s``: the seconds the run expects to have left (None: no estimate)."""
+        self.running.discard(f"{entry['op']} {entry['target']}")
         if entry["status"] != "done":
             word = entry["status"].upper()
             detail = escape(str(entry.get("message", ""))[:200])
@@ -114,8 +128,17 @@ class RunProgress:
             detail = (f"({', '.join(failed)}) " if failed else "") + (f"[dim]skip: {', '.join(skipped)}[/dim] "
                                                                       if skipped else "")
             detail += f"[dim]{len(entry['cases'])} cases, {entry['elapsed_s']:.0f} s[/dim]"
+        if left_s is not None:
+            detail += f" [dim]· about {duration(left_s)} left[/dim]"
         if self.bar is not None:
             self.bar.update(self.overall, advance=1)
             self.bar.update(self.current, visible=False)
+            if self.workers > 1:
+                self.bar.update(self.overall, description=f"audits, {len(self.running)} running")
         style = _STYLE.get(word, "yellow")
         self.line(f"[{style}]{word:<5}[/{style}] {escape(entry['op'])} {escape(entry['target'])} {detail}")
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` for a person: "45 s" below a minute and a half, else whole minutes ("4 min")."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"

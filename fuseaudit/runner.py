@@ -4,32 +4,49 @@ Steps, each recorded in one results file (:mod:`fuseaudit.results`,
 default ``reports/results-<device>.json``, rewritten after every step so an
 interrupted run keeps what it did), in this order:
 
-1. **reference audits** -- every reference kernel of the catalog through
-   :func:`fuseaudit.audit.audit` (each in its own child process; one op's
-   failure, crash or missing kernel never stops the others).  Every checked
+1. **audits** -- every reference kernel of the catalog, and (GPU, or
+   ``--builtins``) every third-party target the device has
+   (:func:`~fuseaudit.builtin_targets.available_targets`: ``torch.compile``
+   and the SDPA backends), through :func:`fuseaudit.audit.audit`, each in its
+   own child process (one op's failure, crash or missing kernel never stops
+   the others), in one pool of ``--workers``, longest first.  Every checked
    case's figures are kept for the tolerance section of the report.
+   Reference audits' children run with :data:`REFERENCE_ENV`
+   (``FUSEAUDIT_AUTOTUNE=0``: the attention kernel takes the first config
+   that fits each shape class instead of compiling and timing every config;
+   an audit checks correctness only, and ``properties/test_attention_configs.py``
+   checks every config apart); built-in targets keep the normal environment.
+   The results file records it as ``options.reference_env``.
 2. **launches** -- kernels per call of reference, eager and ``torch.compile``
    (:func:`~fuseaudit.cli_launches.launch_table`, in a child process).
 3. **bench** (GPU) -- ``fuseaudit bench --quick`` within ``--bench-seconds``.
 4. **e2e** (GPU, where :mod:`fuseaudit.e2e` exists) -- ``fuseaudit e2e``
    within ``--e2e-seconds``.
-5. **built-in target audits** (GPU, or ``--builtins``) -- every third-party
-   target the device has (:func:`~fuseaudit.builtin_targets.available_targets`:
-   ``torch.compile`` and the SDPA backends); last, so that under a
-   ``--time-limit`` speed comes before third-party correctness.
-6. the HTML report (:mod:`fuseaudit.report`), ``reports/report-<device>.html``
+5. the HTML report (:mod:`fuseaudit.report`), ``reports/report-<device>.html``
    (``--out DIR``: both files in ``DIR``; relative to the current directory).
 
-Defaults fit a fresh 2-core CPU machine in two to four minutes (attention,
-slowest under the interpreter, gets the fewest examples).  On a GPU the run
-is bounded by its examples and the bench/e2e budgets; ``--time-limit S``
-bounds the whole run (``--resume`` continues one that was cut short).
+Timing (bench, e2e) never runs while audits do: the audits share the GPU.
 
-``--workers N`` (``--gpus N``) runs up to N audits at once, each in its own
-child process as always: on CUDA worker ``i`` gives its children
-``CUDA_VISIBLE_DEVICES`` of GPU ``i`` (so N <= the GPUs there are), on the CPU
-N interpreter children run side by side.  Each audit entry records its
-``worker`` and ``device``; entries stay in job order.
+Defaults fit a fresh 2-core CPU machine in two to four minutes (attention,
+slowest under the interpreter, gets the fewest examples).  On one H200 they
+aim at five minutes: four audits at once, bench and e2e within
+:data:`DEFAULT_BENCH_S` and :data:`DEFAULT_E2E_S`.  Before the first audit
+the run prints what it expects to take (:func:`expected_line`), and after
+each audit the time it expects is left.
+
+``--time-limit S`` bounds the whole run (``--resume`` continues one that was
+cut short): an audit starts only if it is expected to fit in the time left,
+and a built-in target's audit only if it also leaves the later steps their
+time (:func:`later_steps`: launches, and the bench and e2e budgets), so that
+third-party correctness never starves the speed steps.
+
+``--gpus N`` (CUDA; default 1) audits on N GPUs and ``--workers N`` runs up
+to N audits at once, each in its own child process as always; worker ``i``
+audits on GPU ``i % gpus``.  Audits only check correctness, so several may
+share a GPU: the default is :data:`WORKERS_PER_GPU` per GPU, at most one per
+:data:`CORES_PER_WORKER` CPU cores (Triton's compiles are CPU-bound), on the
+CPU one.  Each audit entry records its ``worker`` and ``device``; entries
+stay in job order.
 
 Exit codes: 0 every reference kernel passed every property; 1 a reference
 kernel failed a property, or could not be audited (missing, does not load);
@@ -40,8 +57,10 @@ interrupted).
 from __future__ import annotations
 
 import argparse
+import heapq
 import importlib.util
 import json
+import os
 import pathlib
 import queue
 import signal
@@ -50,18 +69,26 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from . import results
-from .catalog import OPS
 from .cli import usage_error
+
+# The catalog (and with it torch) is imported where it is used: the command line reads
+# REFERENCE_ENV before torch is imported, to start the audits' zygote while both import it.
 
 # examples per audit: (row ops, attention) per device; built-in targets recompile per shape, so fewer
 DEFAULT_TARGET_EXAMPLES = {"cpu": 8, "cuda": 8}
 DEFAULT_SHRINK_S = {"cpu": 30.0, "cuda": 60.0}
-DEFAULT_BENCH_S = 150.0
-DEFAULT_E2E_S = 240.0
+DEFAULT_BENCH_S = 60.0  # budget of the bench step; with the e2e one, what makes a default H200 run fit five minutes
+DEFAULT_E2E_S = 120.0  # budget of the e2e step
 LAUNCHES_TIMEOUT_S = 600.0
+EXPECTED_LAUNCHES_S = 30.0  # a guess at the launches step, for the expected duration and the --time-limit reserve
+WORKERS_PER_GPU = 4  # audits only check correctness, so several share a GPU while others compile
+CORES_PER_WORKER = 4  # Triton's compiles are CPU-bound: at most one worker per this many cores
+# the environment of the reference audits' children: correctness needs no autotuning sweep per shape class
+REFERENCE_ENV = {"FUSEAUDIT_AUTOTUNE": "0"}
 MIN_STEP_S = 30.0  # a step with less time than this left is skipped
 GRACE_S = 30.0  # after SIGINT, before SIGKILL
 
@@ -90,9 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"budget of the end-to-end measurement (default {DEFAULT_E2E_S:g})")
     parser.add_argument("--time-limit", type=float, default=None, metavar="S",
                         help="wall-clock budget of the whole run: bench and e2e shrink to fit, audits that would "
-                             "not fit are recorded as not run (default: none)")
-    parser.add_argument("--workers", "--gpus", type=int, default=1, metavar="N",
-                        help="audits run at once, each in its own child; on CUDA one GPU each (default 1)")
+                             "not fit are recorded as not run, built-in targets' audits also when they would not "
+                             "leave launches, bench and e2e their time (default: none)")
+    parser.add_argument("--gpus", type=int, default=None, metavar="N",
+                        help="CUDA GPUs to audit on; worker i audits on GPU i %% N (default 1)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help=f"audits at once, each in its own child; several may share a GPU (default on CUDA "
+                             f"{WORKERS_PER_GPU} per GPU, at most one per {CORES_PER_WORKER} CPU cores; on the "
+                             f"CPU 1)")
     parser.add_argument("--out", default="reports", metavar="DIR",
                         help="the folder of DIR/results-<device>.json and DIR/report-<device>.html (default: "
                              "reports/ under the current directory)")
@@ -108,6 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
     """Validated options with the device's defaults filled in; ValueError (one line) otherwise."""
+    from .catalog import OPS
+
     ops = args.ops or list(OPS)
     unknown = [o for o in ops if o not in OPS]
     if unknown:
@@ -123,14 +157,7 @@ def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
         raise ValueError("--shrink-time must be zero or positive")
     if args.time_limit is not None and not args.time_limit > 0:
         raise ValueError("--time-limit must be positive")
-    workers = getattr(args, "workers", 1)
-    if workers < 1:
-        raise ValueError(f"--workers must be a positive integer, got {workers}")
-    if device == "cuda":
-        import torch
-
-        if workers > torch.cuda.device_count():
-            raise ValueError(f"--workers {workers}: only {torch.cuda.device_count()} CUDA device(s) here")
+    gpus, workers = _gpus_and_workers(getattr(args, "gpus", None), getattr(args, "workers", None), device)
     gpu = device == "cuda"
     examples = {o: args.examples or OPS[o].default_examples(device) for o in ops}
     e2e_exists = importlib.util.find_spec("fuseaudit.e2e") is not None
@@ -142,13 +169,40 @@ def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "builtins": gpu if args.builtins is None else args.builtins,
         "bench": gpu if args.bench is None else args.bench, "bench_seconds": args.bench_seconds,
         "e2e": (gpu and e2e_exists) if args.e2e is None else args.e2e, "e2e_seconds": args.e2e_seconds,
-        "time_limit": args.time_limit, "workers": workers,
+        "time_limit": args.time_limit, "gpus": gpus, "workers": workers, "reference_env": dict(REFERENCE_ENV),
     }
+
+
+def default_workers(gpus: int, cores: int | None) -> int:
+    """Audits at once on CUDA unless told: :data:`WORKERS_PER_GPU` per GPU, at most one per
+    :data:`CORES_PER_WORKER` of ``cores``, at least one."""
+    return max(1, min(WORKERS_PER_GPU * gpus, (cores or 1) // CORES_PER_WORKER))
+
+
+def _gpus_and_workers(gpus: int | None, workers: int | None, device: str) -> tuple[int, int]:
+    """(GPUs used, audits at once) from ``--gpus`` and ``--workers`` (None: the default); ValueError otherwise.
+
+    On the CPU no GPU is used, and the interpreter's children run one at a time unless told.
+    """
+    for name, value in (("gpus", gpus), ("workers", workers)):
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive integer, got {value}")
+    if device != "cuda":
+        if gpus is not None:
+            raise ValueError(f"--gpus {gpus}: the run is on the CPU (--workers N runs N audits at once there)")
+        return 0, workers or 1
+    import torch
+
+    gpus = gpus or 1
+    if gpus > torch.cuda.device_count():
+        raise ValueError(f"--gpus {gpus}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return gpus, workers or default_workers(gpus, os.cpu_count())
 
 
 def _jobs(options: dict[str, Any], device: str) -> list[tuple[str, str, str, int]]:
     """(op, target, kind, examples) of every audit: the reference kernels first, then the built-in targets."""
     from .builtin_targets import available_targets
+    from .catalog import OPS
 
     jobs = [(op, OPS[op].reference or f"(no reference kernel for {op})", "reference", options["examples"][op])
             for op in options["ops"]]
@@ -166,9 +220,11 @@ def audit_entry(op: str, target: str, kind: str, examples: int, *, device: str, 
                 progress: Any = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Audit one target; every outcome (usage error, internal error) is an entry, never an exception.
 
-    ``env``: extra environment of the audit's children (a worker's ``CUDA_VISIBLE_DEVICES``).
+    ``env``: extra environment of the audit's children (:func:`audit_env`: :data:`REFERENCE_ENV` for a
+    reference kernel).
     """
     from .audit import AuditUsageError, _chain, audit
+    from .catalog import OPS
 
     entry: dict[str, Any] = {"op": op, "target": target, "kind": kind, "examples": examples, "verdicts": {},
                              "passed": None, "result": None, "cases": [], "ulp_histograms": {}}
@@ -284,12 +340,13 @@ def e2e_step(device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
 # The run
 # ---------------------------------------------------------------------------
 
-# Seconds per example (audit start-up included), measured on the H200 (fuseaudit run --gpus 2,
-# 15 reference / 6 target examples, 2026-11-29): a row-op reference ~1.2, the autotuned attention
-# reference ~15, torch.compile ~5 (a recompile per shape), an SDPA backend ~2.  Their order schedules
-# the longest audits first; their scale, corrected by the finished audits' times, says whether an
-# audit still fits a --time-limit.
-_SECONDS_PER_EXAMPLE = {("attention", "reference"): 15.0, "builtin:compile": 5.0, "builtin": 2.0, "reference": 1.2}
+# Scheduling estimates, in seconds per example (audit start-up included): they order the pool longest
+# first, give the duration printed before a run, and, scaled by the finished audits' own times, say
+# whether an audit still fits a --time-limit and how long the run has left.  A row-op reference 1.2,
+# torch.compile 5 (a recompile per shape) and an SDPA backend 2 were measured on the H200 (fuseaudit
+# run --gpus 2, 15 reference / 6 target examples, 2026-11-29); the attention reference's 4, with
+# autotuning off (REFERENCE_ENV), is a guess.
+_SECONDS_PER_EXAMPLE = {("attention", "reference"): 4.0, "builtin:compile": 5.0, "builtin": 2.0, "reference": 1.2}
 
 
 def expected_cost(job: tuple[str, str, str, int]) -> float:
@@ -311,16 +368,68 @@ def expected_seconds(job: tuple[str, str, str, int], finished: list[tuple[float,
     return expected_cost(job) * sum(s for _, s in finished) / cost if cost > 0 else 0.0
 
 
-def worker_device(device: str, worker: int) -> tuple[str, dict[str, str] | None]:
-    """(device, extra worker environment) of worker ``worker`` of a run on ``device``.
+def schedule_seconds(costs: Iterable[float], workers: int, *, busy: Iterable[float] = ()) -> float:
+    """How long jobs of ``costs`` seconds take on ``workers`` taken longest first, each by the worker
+    free first; ``busy``: seconds the workers still busy need."""
+    loads = [*busy]
+    loads += [0.0] * max(0, workers - len(loads))
+    heapq.heapify(loads)
+    for cost in sorted(costs, reverse=True):
+        heapq.heapreplace(loads, loads[0] + cost)
+    return max(loads, default=0.0)
 
-    On CUDA worker ``i`` audits on GPU ``cuda:i`` (of the GPUs this process sees):
-    the judge keeps its inputs there and hands them to the target's process by
+
+def later_steps(options: dict[str, Any], device: str) -> dict[str, float]:
+    """Seconds the steps after the audits are expected to take: launches (a guess), and the budgets of
+    bench and e2e where they run."""
+    steps = {"launches": EXPECTED_LAUNCHES_S}
+    if options["bench"] and device == "cuda":
+        steps["bench"] = options["bench_seconds"]
+    if options["e2e"]:
+        steps["e2e"] = options["e2e_seconds"]
+    return steps
+
+
+def expected_line(costs: list[float], *, workers: int, later: dict[str, float], device: str,
+                  time_limit: float | None) -> str:
+    """What a run expects to take, printed before it starts: the audits' ``costs``
+    (:func:`expected_cost`) spread over the workers, then the ``later`` steps (:func:`later_steps`).
+
+    The rates behind the costs are the H200's: on the CPU (Triton's interpreter) the audits get
+    no figure until the first one has finished and the run knows their pace.
+    """
+    from .run_progress import duration
+
+    # launches is a guess, bench and e2e are budgets: as given
+    steps = ", ".join(f"launches ~{duration(s)}" if name == "launches" else f"{name} {s:g} s"
+                      for name, s in later.items())
+    if device != "cuda":
+        return f"expected: audits unknown until the first has finished (the rates are the H200's), then {steps}"
+    audits = schedule_seconds(costs, workers)
+    total = audits + sum(later.values())
+    cut = f"; --time-limit {time_limit:g} s cuts it" if time_limit is not None and time_limit < total else ""
+    return (f"expected about {duration(min(total, time_limit or total))} (audits ~{duration(audits)} on "
+            f"{workers} worker{'s' * (workers > 1)}, {steps}{cut})")
+
+
+def worker_device(device: str, worker: int, *, gpus: int = 1) -> tuple[str, dict[str, str] | None]:
+    """(device, extra worker environment) of worker ``worker`` of a run on ``device`` over ``gpus`` GPUs.
+
+    On CUDA worker ``i`` audits on GPU ``cuda:{i % gpus}`` (of the GPUs this process
+    sees): the judge keeps its inputs there and hands them to the target's process by
     CUDA IPC, so both must see the same GPUs under the same numbers.
     """
     if not device.startswith("cuda"):
         return device, None
-    return f"cuda:{worker}", None
+    return f"cuda:{worker % max(1, gpus)}", None
+
+
+def audit_env(kind: str, worker_env: dict[str, str] | None) -> dict[str, str] | None:
+    """The extra environment of an audit's children: the worker's, and :data:`REFERENCE_ENV` for a
+    reference kernel (a third-party target runs as it would anywhere else)."""
+    if kind != "reference":
+        return worker_env
+    return {**(worker_env or {}), **REFERENCE_ENV}
 
 
 def _resumed(path: pathlib.Path, device: str) -> dict[str, Any] | None:
@@ -345,7 +454,16 @@ class _Run:
         self.old = _resumed(path, device) if args.resume else None
         self.kept = {(a["op"], a["target"]): a for a in (self.old or {}).get("audits", [])
                      if a.get("status") == "done"}
+        self.later = later_steps(options, device)
+        # what a built-in target's audit leaves the later steps; MIN_STEP_S more, as each step keeps that at its end
+        self.reserve = sum(self.later.values()) + MIN_STEP_S
+        self.workers = options.get("workers", 1)
         self.finished: list[tuple[float, float]] = []  # (expected_cost, seconds) of each audit run
+        self.jobs: list[tuple[str, str, str, int]] = []
+        self.slots: list[dict[str, Any] | None] = []  # the entries of the jobs, in job order, as they finish
+        self.first = 0  # where they go in the document's audits
+        self.pending: set[int] = set()  # jobs not started
+        self.running: dict[int, float] = {}  # job -> when it started
         self.lock = threading.Lock()  # the document, the progress and the clock's figures, across workers
 
     def left(self) -> float:
@@ -357,48 +475,43 @@ class _Run:
                                    "elapsed_s": round(time.monotonic() - self.start, 1)}
             results.write(self.path, self.doc)
 
+    def expected(self, jobs: list[tuple[str, str, str, int]]) -> str:
+        """The line saying what this run expects to take (audits kept from a resumed file cost nothing)."""
+        costs = [expected_cost(j) for j in jobs if (j[0], j[1]) not in self.kept]
+        return expected_line(costs, workers=self.workers, later=self.later, device=self.device,
+                             time_limit=self.options["time_limit"])
+
+    def time_left(self) -> float | None:
+        """Seconds the rest of the run is expected to take, at the finished audits' pace (None before any)."""
+        cost = sum(c for c, _ in self.finished)
+        if cost <= 0:
+            return None
+        pace, now = sum(s for _, s in self.finished) / cost, time.monotonic()
+        busy = [max(0.0, pace * expected_cost(self.jobs[i]) - (now - t)) for i, t in self.running.items()]
+        todo = [pace * expected_cost(self.jobs[i]) for i in self.pending if self.jobs[i][:2] not in self.kept]
+        return max(0.0, min(self.left(), schedule_seconds(todo, self.workers, busy=busy) + sum(self.later.values())))
+
+    def late(self, job: tuple[str, str, str, int]) -> str:
+        """Why ``job`` does not fit the --time-limit ('' where it does); a built-in target's audit must
+        also leave the later steps :attr:`reserve`."""
+        reserve = 0.0 if job[2] == "reference" else self.reserve
+        if self.left() - reserve >= expected_seconds(job, self.finished):
+            return ""
+        why = "reached" if reserve == 0 else f"leaves no time before {', '.join(self.later)}"
+        return f"not run: --time-limit {self.options['time_limit']:g} s {why}"
+
     def audits(self, jobs: list[tuple[str, str, str, int]]) -> None:
-        """Every job, ``options["workers"]`` at a time; the document keeps job order and is saved after each."""
-        first = len(self.doc["audits"])
-        slots: list[dict[str, Any] | None] = [None] * len(jobs)
-        workers = self.options.get("workers", 1)
+        """Every job, ``options["workers"]`` at a time; the document keeps job order and is saved after each.
 
-        def publish(i: int, entry: dict[str, Any]) -> None:
-            with self.lock:
-                slots[i] = entry
-                self.doc["audits"][first:] = [e for e in slots if e is not None]
-            self.save()
-
-        def one(i: int, worker: int) -> None:
-            op, target, kind, examples = jobs[i]
-            if (op, target) in self.kept:
-                with self.lock:
-                    self.progress.line(f"kept  {op} {target} (from {self.path.name})")
-                publish(i, self.kept[(op, target)])
-                return
-            device, env = worker_device(self.device, worker)
-            with self.lock:
-                late = self.left() < expected_seconds(jobs[i], self.finished)
-                if not late:
-                    self.progress.begin_audit(op, target, examples)
-            if late:
-                entry = {"op": op, "target": target, "kind": kind, "examples": examples, "status": "skipped",
-                         "exit_code": 2, "passed": None, "verdicts": {}, "result": None, "cases": [],
-                         "ulp_histograms": {}, "elapsed_s": 0.0,
-                         "message": f"not run: --time-limit {self.options['time_limit']:g} s reached"}
-            else:  # concurrent audits would garble one progress bar's example count: finished lines only
-                entry = audit_entry(op, target, kind, examples, device=device, options=self.options,
-                                    progress=self.progress if workers == 1 else None, env=env)
-            entry.update(worker=worker, device=device)
-            with self.lock:
-                if not late:
-                    self.finished.append((expected_cost(jobs[i]), entry["elapsed_s"]))
-                self.progress.end_audit(entry)
-            publish(i, entry)
-
-        if workers == 1:
+        One worker takes the jobs in their order (the reference kernels first), several take the
+        longest first, so that none idles while another finishes the slowest audit.
+        """
+        self.jobs, self.first = jobs, len(self.doc["audits"])
+        self.slots = [None] * len(jobs)
+        self.pending = set(range(len(jobs)))
+        if self.workers == 1:
             for i in range(len(jobs)):
-                one(i, 0)
+                self._one(i, 0)
             return
         todo: queue.Queue[int] = queue.Queue()
         for i in sorted(range(len(jobs)), key=lambda i: -expected_cost(jobs[i])):  # longest first
@@ -412,14 +525,14 @@ class _Run:
                 except queue.Empty:
                     return
                 try:
-                    one(i, worker)
+                    self._one(i, worker)
                 except BaseException as exc:  # a bug of ours: stop the others, raise it in the main thread
                     failures.append(exc)
 
         # daemon threads: on Ctrl-C the main thread raises and exits; the zygote sees the judge's
         # channel close and kills every worker (fuseaudit.worker)
         threads = [threading.Thread(target=worker_loop, args=(w,), name=f"fuseaudit-worker-{w}", daemon=True)
-                   for w in range(min(workers, len(jobs)))]
+                   for w in range(min(self.workers, len(jobs)))]
         for t in threads:
             t.start()
         for t in threads:
@@ -427,6 +540,44 @@ class _Run:
                 t.join(timeout=0.5)  # a timed join lets KeyboardInterrupt through
         if failures:
             raise failures[0]
+
+    def _publish(self, i: int, entry: dict[str, Any]) -> None:
+        with self.lock:
+            self.slots[i] = entry
+            self.doc["audits"][self.first:] = [e for e in self.slots if e is not None]
+        self.save()
+
+    def _one(self, i: int, worker: int) -> None:
+        """Job ``i`` on worker ``worker``: kept from a resumed file, not run (out of time), or audited."""
+        op, target, kind, examples = self.jobs[i]
+        if (op, target) in self.kept:
+            with self.lock:
+                self.pending.discard(i)
+                self.progress.line(f"kept  {op} {target} (from {self.path.name})")
+            self._publish(i, self.kept[(op, target)])
+            return
+        device, worker_env = worker_device(self.device, worker, gpus=self.options.get("gpus") or 1)
+        with self.lock:
+            self.pending.discard(i)
+            late = self.late(self.jobs[i])
+            if not late:
+                self.running[i] = time.monotonic()
+                self.progress.begin_audit(op, target, examples, worker=worker)
+        if late:
+            entry = {"op": op, "target": target, "kind": kind, "examples": examples, "status": "skipped",
+                     "exit_code": 2, "passed": None, "verdicts": {}, "result": None, "cases": [],
+                     "ulp_histograms": {}, "elapsed_s": 0.0, "message": late}
+        else:  # concurrent audits would garble one progress bar's example count: finished lines only
+            entry = audit_entry(op, target, kind, examples, device=device, options=self.options,
+                                progress=self.progress if self.workers == 1 else None,
+                                env=audit_env(kind, worker_env))
+        entry.update(worker=worker, device=device)
+        with self.lock:
+            if not late:
+                self.running.pop(i, None)
+                self.finished.append((expected_cost(self.jobs[i]), entry["elapsed_s"]))
+            self.progress.end_audit(entry, left_s=self.time_left())
+        self._publish(i, entry)
 
     def step(self, name: str, wanted: bool, job: Any) -> None:
         """Run ``job(budget_seconds)`` for step ``name`` unless kept, unwanted or out of time."""
@@ -455,30 +606,24 @@ class _Run:
 def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pathlib.Path) -> dict[str, Any]:
     """Every step, the document written after each; KeyboardInterrupt propagates (the document is saved).
 
-    Order: reference audits, launches, bench, e2e, then the built-in targets' audits (with a
-    ``--time-limit``, speed comes before third-party correctness).  Without bench and e2e every
-    audit goes into one pool, longest first, so several workers stay busy to the end.
+    Order: every audit (reference kernels and built-in targets, one pool), launches, bench, e2e:
+    timing never runs while audits share the GPU, and under a ``--time-limit`` a built-in target's
+    audit starts only if it leaves the later steps their time (:meth:`_Run.late`).
     """
     from .run_progress import RunProgress
 
     jobs = _jobs(options, device)
-    ref_jobs = [j for j in jobs if j[2] == "reference"]
-    with RunProgress(len(jobs)) as progress, tempfile.TemporaryDirectory(prefix="fuseaudit-run-") as tmpdir:
+    with RunProgress(len(jobs), workers=options.get("workers", 1)) as progress, \
+            tempfile.TemporaryDirectory(prefix="fuseaudit-run-") as tmpdir:
         r = _Run(args, device, options, path, progress, pathlib.Path(tmpdir))
         limit = f", time limit {options['time_limit']:g} s" if options["time_limit"] else ""
         progress.line(f"fuseaudit run on {r.doc['environment'].get('device_name', device)}: {len(jobs)} audit(s)"
                       f"{limit}; results in {path}")
-        if options["bench"] or options["e2e"]:
-            r.audits(ref_jobs)
-            r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
-            r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
-            r.step("e2e", options["e2e"], lambda budget: e2e_step(device, r.tmp, budget))
-            r.audits([j for j in jobs if j[2] != "reference"])
-        else:  # audits only: one pool, so no worker idles while another finishes the slowest reference audit
-            r.audits(jobs)
-            r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
-            r.step("bench", False, None)
-            r.step("e2e", False, None)
+        progress.line(r.expected(jobs))
+        r.audits(jobs)
+        r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
+        r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
+        r.step("e2e", options["e2e"], lambda budget: e2e_step(device, r.tmp, budget))
         r.doc["finished"] = True
         r.save()
     return r.doc

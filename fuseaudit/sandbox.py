@@ -400,9 +400,9 @@ def sandbox(device: str, *, env: dict[str, str] | None = None) -> Sandbox:
         return box
 
 
-def start(device: str) -> None:
-    """Start the zygote now (it imports while the judge does)."""
-    sandbox(device)
+def start(device: str, *, env: dict[str, str] | None = None) -> None:
+    """Start the zygote of ``device`` and ``env`` now (it imports while the judge does)."""
+    sandbox(device, env=env)
 
 
 @atexit.register
