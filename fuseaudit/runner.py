@@ -21,7 +21,10 @@ interrupted run keeps what it did), in this order:
    (:func:`~fuseaudit.cli_launches.launch_table`, in a child process).
 3. **bench** (GPU) -- ``fuseaudit bench --quick`` within ``--bench-seconds``.
 4. **e2e** (GPU, where :mod:`fuseaudit.e2e` exists) -- ``fuseaudit e2e``
-   within ``--e2e-seconds``.
+   within ``--e2e-seconds``: a transformers Llama at Llama-3.2-1B's size
+   where transformers is installed (``--model hf-llama``), else the
+   project's own stack, with and without CUDA graphs; its JSON and Chrome
+   traces beside the results file.
 5. the HTML report (:mod:`fuseaudit.report`), ``reports/report-<device>.html``
    (``--out DIR``: both files in ``DIR``; relative to the current directory).
 
@@ -82,7 +85,7 @@ from .cli import usage_error
 DEFAULT_TARGET_EXAMPLES = {"cpu": 8, "cuda": 8}
 DEFAULT_SHRINK_S = {"cpu": 30.0, "cuda": 60.0}
 DEFAULT_BENCH_S = 60.0  # budget of the bench step; with the e2e one, what makes a default H200 run fit five minutes
-DEFAULT_E2E_S = 120.0  # budget of the e2e step
+DEFAULT_E2E_S = 150.0  # budget of the e2e step
 LAUNCHES_TIMEOUT_S = 600.0
 EXPECTED_LAUNCHES_S = 30.0  # a guess at the launches step, for the expected duration and the --time-limit reserve
 WORKERS_PER_GPU = 4  # audits only check correctness, so several share a GPU while others compile
@@ -316,14 +319,21 @@ def bench_step(options: dict[str, Any], tmp: pathlib.Path, budget: float) -> dic
             "message": note or f"fuseaudit bench exited {rc} without results: {_tail(log)}"}
 
 
-def e2e_step(device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
-    """``fuseaudit e2e`` in a child: its step measurements get half our budget (model build, agreement
-    check and the microbenchmark come on top)."""
+def e2e_model() -> str:
+    """The model of the run's e2e step: a transformers Llama where transformers is installed, else our own stack."""
+    return "hf-llama" if importlib.util.find_spec("transformers") is not None else "own"
+
+
+def e2e_step(device: str, out_dir: pathlib.Path, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
+    """``fuseaudit e2e --model`` :func:`e2e_model` ``--cuda-graphs`` in a child: its timed cells get 60% of
+    our budget (model build, agreement check and the profiled steps come on top).  Its JSON and the
+    profiled steps' Chrome traces go to ``out_dir``, beside the report that links them."""
     if importlib.util.find_spec("fuseaudit.e2e") is None:
         return {"status": "skipped", "message": "fuseaudit.e2e is not in this build", "document": None}
-    out, log = tmp / "e2e.json", tmp / "e2e.log"
-    cmd = [sys.executable, "-m", "fuseaudit.cli", "e2e", "--device", device, "--json", str(out),
-           "--budget-s", f"{0.5 * budget:.0f}"]
+    model = e2e_model()
+    out, log = out_dir / f"e2e-{model}.json", tmp / "e2e.log"
+    cmd = [sys.executable, "-m", "fuseaudit.cli", "e2e", "--model", model, "--cuda-graphs", "--device", device,
+           "--json", str(out), "--budget-s", f"{0.6 * budget:.0f}"]
     with log.open("w") as f:
         rc, note = _child(cmd, timeout=budget, stdout=f)
     doc = _read_json(out)
@@ -623,7 +633,7 @@ def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pa
         r.audits(jobs)
         r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
         r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
-        r.step("e2e", options["e2e"], lambda budget: e2e_step(device, r.tmp, budget))
+        r.step("e2e", options["e2e"], lambda budget: e2e_step(device, path.parent, r.tmp, budget))
         r.doc["finished"] = True
         r.save()
     return r.doc

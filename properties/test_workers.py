@@ -206,7 +206,7 @@ def test_every_audit_runs_before_launches_bench_and_e2e(monkeypatch: pytest.Monk
 
 def test_builtin_audits_leave_the_speed_steps_their_budgets(monkeypatch: pytest.MonkeyPatch,
                                                            tmp_path: Path) -> None:
-    # launches ~30 s, bench 60 s, e2e 120 s and a step's 30 s margin do not fit in 200 s: built-in
+    # launches ~30 s, the bench and e2e budgets and a step's 30 s margin do not fit in 200 s: built-in
     # targets are not audited; the reference kernels still are, and so are the steps
     fake = _FakeRun(monkeypatch, tmp_path, ["--time-limit", "200", "--workers", "2"])
     doc = fake.run()
@@ -241,15 +241,16 @@ def test_default_run_expects_the_catalogs_audits_and_the_default_budgets(monkeyp
                                                                        tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     fake = _FakeRun(monkeypatch, tmp_path, ["--workers", "2"])
-    assert runner.later_steps(fake.options, "cuda") == {"launches": runner.EXPECTED_LAUNCHES_S, "bench": 60.0,
-                                                        "e2e": 120.0}
+    assert runner.later_steps(fake.options, "cuda") == {"launches": runner.EXPECTED_LAUNCHES_S,
+                                                        "bench": runner.DEFAULT_BENCH_S, "e2e": runner.DEFAULT_E2E_S}
     jobs = runner._jobs(fake.options, "cuda")
     audits = runner.schedule_seconds([runner.expected_cost(j) for j in jobs], 2)
     fake.run()
     from fuseaudit.run_progress import duration
 
     err = capsys.readouterr().err
-    assert f"(audits ~{duration(audits)} on 2 workers, launches ~30 s, bench 60 s, e2e 120 s)" in err, err
+    budgets = f"bench {runner.DEFAULT_BENCH_S:g} s, e2e {runner.DEFAULT_E2E_S:g} s"
+    assert f"(audits ~{duration(audits)} on 2 workers, launches ~30 s, {budgets})" in err, err
     assert err.index("expected about") < err.index("PASS")  # before the first audit finishes
 
 
@@ -331,3 +332,30 @@ def test_shards_split_the_collected_tests(pytester: pytest.Pytester) -> None:
     bad = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--fuseaudit-device=cpu", "--fuseaudit-shard=2/2")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     assert "K/N" in bad.stderr.str()
+
+
+def test_the_e2e_step_measures_a_transformers_model_beside_the_results(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    """Where transformers is installed the step runs ``e2e --model hf-llama --cuda-graphs``; its JSON (and with it
+    the profiled steps' traces) lands in the results' folder, where the report links them."""
+    import importlib.util
+    import json
+
+    seen: list[list[str]] = []
+
+    def child(cmd: list[str], *, timeout: float, stdout) -> tuple[int, str]:
+        seen.append(cmd)
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"agreement": {"verdict": "agree"}, "_path": "x"}))
+        return 0, ""
+
+    monkeypatch.setattr(runner, "_child", child)
+    out, tmp = tmp_path / "reports", tmp_path / "tmp"
+    out.mkdir(), tmp.mkdir()
+    step = runner.e2e_step("cuda", out, tmp, 100.0)
+    cmd = seen.pop()
+    model = "hf-llama" if importlib.util.find_spec("transformers") else "own"
+    assert cmd[cmd.index("--model") + 1] == model and "--cuda-graphs" in cmd
+    assert cmd[cmd.index("--json") + 1] == str(out / f"e2e-{model}.json") and cmd[-1] == "60"
+    assert step["status"] == "done" and "_path" not in step["document"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "transformers" else object())
+    assert runner.e2e_model() == "own"
