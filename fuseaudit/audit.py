@@ -317,7 +317,7 @@ def _builtin(spec: OpSpec, target: str, device: str, dtypes: list[str] | None, l
             raise AuditUsageError(f"--head-dims leaves nothing {target} supports ({info.head_dims})")
     expected = launches if launches is not None else (spec.launches if info.judge_launches else None)
     note = "" if info.judge_launches else f"{target} is an unfused baseline"
-    count = device in info.count_launches_on
+    count = device.split(":")[0] in info.count_launches_on  # cuda:1 counts as cuda
     if not count:
         note = f"{target}: kernels are counted on {', '.join(info.count_launches_on)} only"
     return dtypes, layouts, head_dims, expected, count, note, info.min_timeout_s

@@ -73,7 +73,7 @@ class BuiltinTarget:
         """Why this target cannot audit ``op`` on ``device``, or None where it can."""
         if op not in self.ops:
             return f"{self.target} implements {', '.join(self.ops)}, not {op}"
-        if device not in self.devices:
+        if device.split(":")[0] not in self.devices:  # cuda:1 is a cuda device
             return f"{self.target} needs {' or '.join(self.devices)}, not {device}"
         if self.name == "compile" and device == "cpu" and not _cxx_compiler():
             return f"{self.target} on the CPU needs a C++ compiler for Inductor, and none was found"

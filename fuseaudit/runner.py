@@ -84,12 +84,12 @@ from .cli import usage_error
 # examples per audit: (row ops, attention) per device; built-in targets recompile per shape, so fewer
 DEFAULT_TARGET_EXAMPLES = {"cpu": 8, "cuda": 8}
 DEFAULT_SHRINK_S = {"cpu": 30.0, "cuda": 60.0}
-DEFAULT_BENCH_S = 60.0  # budget of the bench step; with the e2e one, what makes a default H200 run fit five minutes
-DEFAULT_E2E_S = 150.0  # budget of the e2e step
+DEFAULT_BENCH_S = 100.0  # budget of the bench step; with the e2e one, what makes a default H200 run fit five minutes
+DEFAULT_E2E_S = 120.0  # budget of the e2e step
 LAUNCHES_TIMEOUT_S = 600.0
-EXPECTED_LAUNCHES_S = 30.0  # a guess at the launches step, for the expected duration and the --time-limit reserve
-WORKERS_PER_GPU = 4  # audits only check correctness, so several share a GPU while others compile
-CORES_PER_WORKER = 4  # Triton's compiles are CPU-bound: at most one worker per this many cores
+EXPECTED_LAUNCHES_S = 25.0  # the launches step, for the expected duration and the --time-limit reserve
+WORKERS_PER_GPU = 8  # audits only check correctness, so several share a GPU while others compile
+CORES_PER_WORKER = 2  # Triton's and Inductor's compiles are CPU-bound: at most one worker per this many cores
 # the environment of the reference audits' children: correctness needs no autotuning sweep per shape class
 REFERENCE_ENV = {"FUSEAUDIT_AUTOTUNE": "0"}
 MIN_STEP_S = 30.0  # a step with less time than this left is skipped
@@ -319,6 +319,9 @@ def bench_step(options: dict[str, Any], tmp: pathlib.Path, budget: float) -> dic
             "message": note or f"fuseaudit bench exited {rc} without results: {_tail(log)}"}
 
 
+E2E_REPEATS = 5  # timed repeats per e2e figure in a run (fuseaudit e2e's own default is 10)
+
+
 def e2e_model() -> str:
     """The model of the run's e2e step: a transformers Llama where transformers is installed, else our own stack."""
     return "hf-llama" if importlib.util.find_spec("transformers") is not None else "own"
@@ -333,7 +336,7 @@ def e2e_step(device: str, out_dir: pathlib.Path, tmp: pathlib.Path, budget: floa
     model = e2e_model()
     out, log = out_dir / f"e2e-{model}.json", tmp / "e2e.log"
     cmd = [sys.executable, "-m", "fuseaudit.cli", "e2e", "--model", model, "--cuda-graphs", "--device", device,
-           "--json", str(out), "--budget-s", f"{0.6 * budget:.0f}"]
+           "--repeats", str(E2E_REPEATS), "--warmup", "2", "--json", str(out), "--budget-s", f"{0.6 * budget:.0f}"]
     with log.open("w") as f:
         rc, note = _child(cmd, timeout=budget, stdout=f)
     doc = _read_json(out)
@@ -352,11 +355,11 @@ def e2e_step(device: str, out_dir: pathlib.Path, tmp: pathlib.Path, budget: floa
 
 # Scheduling estimates, in seconds per example (audit start-up included): they order the pool longest
 # first, give the duration printed before a run, and, scaled by the finished audits' own times, say
-# whether an audit still fits a --time-limit and how long the run has left.  A row-op reference 1.2,
-# torch.compile 5 (a recompile per shape) and an SDPA backend 2 were measured on the H200 (fuseaudit
-# run --gpus 2, 15 reference / 6 target examples, 2026-11-29); the attention reference's 4, with
-# autotuning off (REFERENCE_ENV), is a guess.
-_SECONDS_PER_EXAMPLE = {("attention", "reference"): 4.0, "builtin:compile": 5.0, "builtin": 2.0, "reference": 1.2}
+# whether an audit still fits a --time-limit and how long the run has left.  From default runs on one
+# H200 (results-*.json's elapsed_s per audit over its examples): a row-op reference about 0.4, the
+# attention reference (autotuning off) about 3.2, torch.compile about 5 (a recompile per shape), an
+# SDPA backend about 2.
+_SECONDS_PER_EXAMPLE = {("attention", "reference"): 3.2, "builtin:compile": 5.0, "builtin": 2.0, "reference": 0.4}
 
 
 def expected_cost(job: tuple[str, str, str, int]) -> float:

@@ -311,6 +311,9 @@ def test_builtin_targets_available_on_cpu():
     assert "builtin:sdpa-math" not in available_targets("rms_norm", "cpu")
     assert builtin_target("builtin:sdpa-flash").dtypes == ("bfloat16", "float16")
     assert "needs cuda" in builtin_target("builtin:sdpa-cudnn").unavailable("attention", "cpu")
+    # a numbered GPU (what `fuseaudit run` gives each worker) is a cuda device
+    compile_ = builtin_target("builtin:compile")
+    assert compile_.unavailable("rms_norm", "cuda:1") is None and "needs" in compile_.unavailable("rms_norm", "xpu:0")
 
 
 def test_builtin_sdpa_math_matches_on_one_case():

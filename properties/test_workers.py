@@ -50,7 +50,7 @@ def test_longest_audits_are_scheduled_first() -> None:
             ("attention", "fuseaudit.kernels.attention:attention", "reference", 20),
             ("softmax", "builtin:compile", "builtin", 8)]
     order = sorted(jobs, key=lambda j: -runner.expected_cost(j))
-    assert [j[1].split(":")[-1] for j in order] == ["attention", "compile", "swiglu", "sdpa-flash"]
+    assert [j[1].split(":")[-1] for j in order] == ["attention", "compile", "sdpa-flash", "swiglu"]
 
 
 def test_time_limit_estimate_scales_each_audit_by_the_finished_ones() -> None:
@@ -93,16 +93,17 @@ def test_workers_and_gpus_are_validated(capsys: pytest.CaptureFixture[str], monk
 
 
 def test_default_workers_share_each_gpu_within_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    _cuda(monkeypatch, gpus=2, cores=16)
+    per_gpu, cores_each = runner.WORKERS_PER_GPU, runner.CORES_PER_WORKER
+    _cuda(monkeypatch, gpus=2, cores=per_gpu * cores_each)
     one = _options([], "cuda")
-    assert (one["gpus"], one["workers"]) == (1, 4)  # four audits on the one GPU
-    assert (_options(["--gpus", "2"], "cuda")["workers"]) == 4  # 16 cores: four workers for eight slots
-    assert _options(["--workers", "6"], "cuda")["workers"] == 6  # more workers than GPUs, as asked
-    _cuda(monkeypatch, gpus=2, cores=32)
-    assert _options(["--gpus", "2"], "cuda")["workers"] == 8
-    _cuda(monkeypatch, gpus=1, cores=6)
-    assert _options([], "cuda")["workers"] == 1
-    _cuda(monkeypatch, gpus=1, cores=2)
+    assert (one["gpus"], one["workers"]) == (1, per_gpu)  # the one GPU shared by its workers
+    assert _options(["--gpus", "2"], "cuda")["workers"] == per_gpu  # the cores bound the workers of two GPUs
+    assert _options(["--workers", "3"], "cuda")["workers"] == 3  # more workers than GPUs, as asked
+    _cuda(monkeypatch, gpus=2, cores=4 * per_gpu * cores_each)
+    assert _options(["--gpus", "2"], "cuda")["workers"] == 2 * per_gpu
+    _cuda(monkeypatch, gpus=1, cores=3 * cores_each)
+    assert _options([], "cuda")["workers"] == 3
+    _cuda(monkeypatch, gpus=1, cores=1)
     assert _options([], "cuda")["workers"] == 1  # at least one
 
 
@@ -250,7 +251,8 @@ def test_default_run_expects_the_catalogs_audits_and_the_default_budgets(monkeyp
 
     err = capsys.readouterr().err
     budgets = f"bench {runner.DEFAULT_BENCH_S:g} s, e2e {runner.DEFAULT_E2E_S:g} s"
-    assert f"(audits ~{duration(audits)} on 2 workers, launches ~30 s, {budgets})" in err, err
+    launches = f"launches ~{runner.EXPECTED_LAUNCHES_S:g} s"
+    assert f"(audits ~{duration(audits)} on 2 workers, {launches}, {budgets})" in err, err
     assert err.index("expected about") < err.index("PASS")  # before the first audit finishes
 
 
