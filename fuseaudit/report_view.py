@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pathlib
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -243,9 +244,14 @@ def headline(runs: list[dict[str, Any]], labels: list[str], bench: list[dict[str
             row[f"vs_{ref}"] = _speedup_cell(mine, ref, timed=bool(bench))
         untimed = "no timing in these results" if not bench else "no reference point of this op in the benchmarks"
         key, unit = ("tflops", " TFLOP/s") if _compute_bound(op) else ("pct_copy", "% of copy")
-        best = max((number(r.get(key)) or 0 for r in mine), default=0)
-        row["roofline"] = _cell(f"{best:.0f}{unit}") if best else _cell(
-            "–", untimed if not mine else "no copy bandwidth was recorded" if key == "pct_copy" else "no FLOP rate")
+        rated = [(number(r.get(key)), r) for r in mine if number(r.get(key))]
+        if rated:
+            best, at = max(rated, key=lambda x: x[0])
+            row["roofline"] = _cell(f"{best:.2g}{unit}" if best < 10 else f"{best:.0f}{unit}",
+                                    f"best of {len(rated)} point(s): {at['point']} {at['dtype']}")
+        else:
+            row["roofline"] = _cell("–", untimed if not mine else "no copy bandwidth was recorded"
+                                    if key == "pct_copy" else "no FLOP rate")
         avoided = max((number(r.get("intermediate_bytes_avoided")) or 0 for r in mine), default=0)
         row["memory"] = _cell(fmt_bytes(avoided) if avoided else "0") if mine else _cell("–", untimed)
         rows.append(row)
@@ -645,9 +651,9 @@ def _power_summary(rows: list[dict[str, Any]]) -> str:
             f"{', '.join(reasons) or 'none'}")
 
 
-def e2e(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def e2e(runs: list[dict[str, Any]], *, out: Any = None) -> dict[str, Any] | None:
     """The end-to-end decode-step tables of the first run that has them (this project's stack or a transformers
-    model)."""
+    model).  ``out``: the page's path; a profiled step's trace is linked where it lies beside it."""
     for run in sorted(runs, key=lambda r: r["device"] != "cuda"):
         doc = (run.get("e2e") or {}).get("document")
         if not doc:
@@ -671,7 +677,8 @@ def e2e(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
                 "model": _e2e_model(doc), "hf": bool(doc.get("model_class")), "shown": shown,
                 "config": ", ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, dict)),
                 "dtype": doc.get("dtype"), "prompt_len": doc.get("prompt_len"), "skipped": doc.get("skipped") or [],
-                "cpu_launches": cpu_launches, "profiles": [_e2e_profile(p) for p in doc.get("profiles") or []],
+                "cpu_launches": cpu_launches,
+                "profiles": [_e2e_profile(p, out=out) for p in doc.get("profiles") or []],
                 "greedy": [_greedy_line(g) for g in agreement.get("greedy") or []]}
     return None
 
@@ -706,13 +713,20 @@ def _e2e_row(r: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _e2e_profile(p: dict[str, Any]) -> dict[str, Any]:
-    """Where one profiled decode step's GPU and host time went, by category (the model's ops, matmuls, the rest)."""
+def _e2e_profile(p: dict[str, Any], *, out: Any = None) -> dict[str, Any]:
+    """Where one profiled decode step's GPU and host time went, by category (the model's ops, matmuls, the rest).
+
+    ``trace`` is the Chrome trace's file name where it lies beside the page ``out`` (else empty, and
+    ``trace_note`` says so): a link that leads nowhere is worse than none.
+    """
     def ms(value: Any) -> str:  # the document's µs, shown in ms
         v = number(value)
         return fmt(v / 1e3 if v is not None else None, ".3g")
 
-    return {"variant": p.get("variant"), "batch": p.get("batch"), "trace": p.get("trace") or "",
+    name = pathlib.Path(str(p.get("trace") or "")).name
+    beside = bool(name) and out is not None and (pathlib.Path(out).parent / name).is_file()
+    return {"variant": p.get("variant"), "batch": p.get("batch"), "trace": name if beside else "",
+            "trace_note": "" if beside or not name else f"its trace ({name}) is not kept beside this page",
             "host": ms(p.get("host_step_us")), "busy": ms(p.get("gpu_busy_us")), "span": ms(p.get("gpu_span_us")),
             "kernels": p.get("kernels", "–"), "error": p.get("error") or "",
             "rows": [{"category": r.get("category"), "gpu": ms(r.get("gpu_us")),
@@ -929,7 +943,7 @@ def build(runs: list[dict[str, Any]], goals: Goals | None = None, *, sources: li
     bad = [a for a in refs if audit_status(a) != "PASS"]
     verdict = {"ok": bool(refs) and not bad, "refs": len(refs), "bad": len(bad),
                "ops": len({a["op"] for a in refs}), "failed_ops": sorted({a["op"] for a in bad})}
-    head, e2e_view = headline(runs, labels, records), e2e(runs)
+    head, e2e_view = headline(runs, labels, records), e2e(runs, out=out)
     summary_rows = summary(runs, labels)
     goals_view = targets(records, goals)
     paths = list(sources or []) + [None] * (len(runs) - len(sources or []))

@@ -206,9 +206,10 @@ def _hf_e2e_document() -> dict[str, Any]:
                                       "reference_gap": 0.0156}}]}}
 
 
-def test_a_transformers_decode_step_in_the_report() -> None:
+def test_a_transformers_decode_step_in_the_report(tmp_path: Path) -> None:
     """A transformers model's e2e document: named with its size, every figure it holds shown (tokens/s, the
-    TPOT spread, graph gains, peak memory), the profiled step's breakdown and trace, the greedy divergence."""
+    TPOT spread, graph gains, peak memory), the profiled step's breakdown, its trace linked only where the
+    file lies beside the page, the greedy divergence."""
     doc = synthetic_results()
     doc["e2e"]["document"] = _hf_e2e_document()
     view = report_view.e2e([doc])
@@ -218,11 +219,14 @@ def test_a_transformers_decode_step_in_the_report() -> None:
     assert (fused["tokens"], fused["tpot_iqr"], fused["graph_gain"], fused["peak"]) == ("67", "1.1", "1.25×",
                                                                                         "2 GiB")
     assert view["shown"] == {"tokens": True, "graph_gain": True, "launches": False}
-    html = report.render_html([doc])
+    (tmp_path / "e2e-hf-llama.trace-fused-b1.json").write_text("{}")
+    html = report.render_html([doc], out=tmp_path / "report.html")
     section = html[html.index('id="e2e"'):html.index('id="environment"')]
     assert "LlamaForCausalLM" in section and "tokens/s" in section and "graph gain" in section
     assert "launches / step" not in section, "a column no row has data for is left out, not filled with dashes"
     assert 'href="e2e-hf-llama.trace-fused-b1.json"' in section and "30.1" in section and "0.107" in section
+    elsewhere = report.render_html([doc], out=tmp_path / "elsewhere" / "report.html")
+    assert "trace-fused-b1.json</a>" not in elsewhere and "is not kept beside this page" in elsewhere
     assert "first divergence at step 1, row 3" in section
     assert "hidden_size" not in section, "the transformers config itself stays in the data file"
 
@@ -572,6 +576,7 @@ def test_every_cell_with_data_shows_its_figure_and_every_dash_says_why(issue_pag
     for row in view["headline"]:  # suite-style points get their speed-ups from the times beside them
         assert "–" not in (row["vs_eager"]["text"], row["vs_compile"]["text"], row["roofline"]["text"],
                            row["memory"]["text"]), row["op"]
+        assert row["roofline"]["title"].startswith("best of "), row["roofline"]  # and at which point
     assert {r["op"] for r in view["speed"]["memory"]} == set(OPS)
     for m in view["speed"]["memory"]:
         assert "–" not in (m["peak_ref"]["text"], m["peak_eager"]["text"], m["saved"]["text"]), m["op"]
