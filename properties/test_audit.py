@@ -19,7 +19,7 @@ import pytest
 
 from fuseaudit import audit as audit_cli
 from fuseaudit.audit import AuditUsageError, audit
-from fuseaudit.audit_result import FAIL, PASS, AuditResult, FailureRecord, Verdict
+from fuseaudit.audit_result import FAIL, INCONCLUSIVE, PASS, AuditResult, FailureRecord, Verdict
 from fuseaudit.builtin_targets import available_targets, builtin_target
 from fuseaudit.case import Case
 
@@ -97,7 +97,10 @@ def test_planted_bug_fails_its_property(op, target, prop, check):
     assert case.op == op
     if check is not None:
         assert check(case), f"{prop} failed on a case that does not show the bug: {case.describe()}"
-    assert result.verdicts["runs"].status == PASS, result.render()  # none of them raises
+    # none of them raises; the search stops at its first failure and shrinks for a bounded time, so how many
+    # cases "runs" held on (all asked: PASS, fewer: INCONCLUSIVE) depends on the machine's speed
+    assert result.verdicts["runs"].status in (PASS, INCONCLUSIVE), result.render()
+    assert not result.verdicts["runs"].failures
     text = result.render()
     assert f"{prop:<17} FAIL" in text and "replay:" in text and case.describe() in text
 
