@@ -48,9 +48,12 @@ def test_longest_audits_are_scheduled_first() -> None:
     jobs = [("swiglu", "fuseaudit.kernels.gated:swiglu", "reference", 30),
             ("attention", "builtin:sdpa-flash", "builtin", 8),
             ("attention", "fuseaudit.kernels.attention:attention", "reference", 20),
-            ("softmax", "builtin:compile", "builtin", 8)]
+            ("softmax", "builtin:compile", "builtin", 8),
+            ("attention", "builtin:compile", "builtin", 8)]
     order = sorted(jobs, key=lambda j: -runner.expected_cost(j))
-    assert [j[1].split(":")[-1] for j in order] == ["attention", "compile", "sdpa-flash", "swiglu"]
+    assert [(j[0], j[1].split(":")[-1]) for j in order] == [
+        ("attention", "compile"), ("attention", "attention"), ("softmax", "compile"), ("swiglu", "swiglu"),
+        ("attention", "sdpa-flash")]
 
 
 def test_time_limit_estimate_scales_each_audit_by_the_finished_ones() -> None:
