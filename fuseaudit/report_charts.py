@@ -187,18 +187,19 @@ def speed_panels(panels: Sequence[dict[str, Any]], *, ylabel: str, salt: str) ->
     with plt.rc_context(_RC):
         fig, axes = _grid(len(panels), 4)
         for ax, p in zip(axes, panels):
+            ys: list[float] = []
             for impl, pts in p["series"].items():
                 pts = sorted((x, y) for x, y in pts if x and y)
                 if not pts:
                     continue
+                ys += [y for _, y in pts]
                 color = impl_color(impl, others)
                 seen[impl] = color
                 lw = 1.8 if impl == "reference" else 1.0
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=2.5, lw=lw, color=color)
             ax.set_xscale("log")
-            ax.set_yscale("log")
             _sparse(ax.xaxis)
-            _sparse(ax.yaxis)
+            _decades(ax, ys)  # at least one labelled decade, also for a panel of one point
             ax.set_title(p["title"])
             ax.set_xlabel(p.get("xlabel", "bytes moved"))
             if "ylabel" in p:
