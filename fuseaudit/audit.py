@@ -56,6 +56,7 @@ from .catalog import OpSpec, get_op
 from .cli import usage_error
 from .jsonio import write_json
 from .judge import AuditJob, Judge, environment
+from .run_progress import PHASE_WORDS
 from .strategies import SIZE_PROFILES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
@@ -350,7 +351,7 @@ def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]
     if not enabled:
         yield None
         return
-    state: dict[str, Any] = {"done": 0, "failing": 0, "phase": "loading the target", "said": ""}
+    state: dict[str, Any] = {"done": 0, "failing": 0, "phase": "loading", "word": "loading the target", "said": ""}
     start = time.monotonic()
     status = None
     if sys.stderr.isatty():
@@ -362,17 +363,18 @@ def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]
         kind = event["event"]
         if kind == "phase":
             state["phase"] = event["phase"]
+            state["word"] = PHASE_WORDS.get(event["phase"], event["phase"])
         elif kind == "done" and event["phase"] == "search":
             state["done"] += 1
             state["failing"] += not event["report"]["passed"]
         elif kind == "lost":
-            state["phase"] = f"a fresh worker after: {event['kind']}"
+            state["phase"] = state["word"] = f"a fresh worker after: {event['kind']}"
         if state["phase"] == "search":
             extra = " (shrinking)" if state["done"] > job.examples else ""
             text = f"search: {state['done']}/{job.examples} examples, {state['failing']} failing{extra}"
             milestone = f"search {state['done'] // LOG_EVERY_EXAMPLES}"
         else:
-            text = milestone = str(state["phase"])
+            text = milestone = str(state["word"])
         if status is not None:
             status.update(f"audit {job.op}: {text}")
         elif (state["phase"] == "search" or state["said"]) and milestone != state["said"]:

@@ -32,6 +32,7 @@ else 3 on any INCONCLUSIVE, else 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -155,7 +156,7 @@ def _asked(job: AuditJob) -> int:
 
 
 def _check_verdict(prop: str, job: AuditJob, observed: list[dict[str, Any]], minimal: list[dict[str, Any]],
-                   flaky: set[tuple[str, str]], unsupported: int) -> Verdict:
+                   flaky: set[tuple[str, str]], unsupported: int, stopped_by: Sequence[str] = ()) -> Verdict:
     evaluated = [r for r in observed if _evaluated(prop, _failed_props(r))]
     failing = [r for r in evaluated if prop in _failed_props(r)]
     records: list[FailureRecord] = []
@@ -181,7 +182,9 @@ def _check_verdict(prop: str, job: AuditJob, observed: list[dict[str, Any]], min
     skipped = f"; {unsupported} drawn case(s) were declared unsupported" if unsupported else ""
     if not searched:
         return Verdict(prop, INCONCLUSIVE, f"not checked on any case{skipped}", detail=detail)
-    return Verdict(prop, INCONCLUSIVE, f"held on {searched} of the {_asked(job)} case(s) asked{skipped}",
+    stopped = (f"; the search stops at a failing case ({', '.join(stopped_by)}) and then shrinks it"
+               if stopped_by else "")
+    return Verdict(prop, INCONCLUSIVE, f"held on {searched} of the {_asked(job)} case(s) asked{skipped}{stopped}",
                    len(evaluated), detail=detail)
 
 
@@ -305,7 +308,9 @@ def assemble(events: list[dict[str, Any]], *, job: AuditJob, declared: dict[str,
     minimal = [e for e in events if e["event"] == "minimal"]
     flaky = {(e["prop"], e["case"]) for e in events if e["event"] == "flaky"}
     unsupported = [e for e in events if e["event"] == "unsupported"]
-    verdicts = {p: _check_verdict(p, job, observed, minimal, flaky, len(unsupported)) for p in PROPERTIES}
+    stopped_by = sorted({f for r in observed if r["_phase"] == "search" for f in _failed_props(r)})
+    verdicts = {p: _check_verdict(p, job, observed, minimal, flaky, len(unsupported), stopped_by)
+                for p in PROPERTIES}
     verdicts["launches"] = _launches_verdict(job, events)
     verdicts["determinism"] = _determinism_verdict(job, events)
     if "sanitize" in job.phases:

@@ -21,6 +21,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+# what progress lines call each of the judge's phases (fuseaudit.judge.PHASES)
+PHASE_WORDS = {"edge": "edge cases", "search": "search", "replay": "replaying the minimal cases",
+               "launches": "counting launches", "determinism": "determinism (a second call)",
+               "state": "a second call on the same buffers", "sanitize": "compute-sanitizer"}
 QUIET_S = 20.0
 _STYLE = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "ERROR": "bold red", "UNAVAILABLE": "bold red"}
 
@@ -99,7 +103,7 @@ class RunProgress:
         """Callback for :func:`fuseaudit.audit.audit`'s ``on_event``."""
         kind = event.get("event")
         if kind == "phase":
-            self.phase = str(event.get("phase"))
+            self.phase = PHASE_WORDS.get(str(event.get("phase")), str(event.get("phase")))
         elif kind == "done" and event.get("phase") == "search":
             self.done += 1
             self.failing += not event["report"].get("passed", True)

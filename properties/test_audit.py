@@ -99,8 +99,9 @@ def test_planted_bug_fails_its_property(op, target, prop, check):
         assert check(case), f"{prop} failed on a case that does not show the bug: {case.describe()}"
     # none of them raises; the search stops at its first failure and shrinks for a bounded time, so how many
     # cases "runs" held on (all asked: PASS, fewer: INCONCLUSIVE) depends on the machine's speed
-    assert result.verdicts["runs"].status in (PASS, INCONCLUSIVE), result.render()
-    assert not result.verdicts["runs"].failures
+    runs = result.verdicts["runs"]
+    stopped = runs.summary.partition("the search stops at a failing case (")[2]
+    assert runs.status == PASS or (runs.status == INCONCLUSIVE and prop in stopped), result.render()
     text = result.render()
     assert f"{prop:<17} FAIL" in text and "replay:" in text and case.describe() in text
 

@@ -277,6 +277,22 @@ def test_time_left_is_shown_after_each_audit() -> None:
     assert "left" not in lines[2]  # no estimate yet: nothing said
 
 
+def test_progress_names_each_phase_in_words() -> None:
+    """A quiet audit's progress line says what it is doing, not the judge's phase identifier."""
+    from rich.console import Console
+
+    from fuseaudit import run_progress
+    from fuseaudit.judge import PHASES
+
+    assert set(run_progress.PHASE_WORDS) == set(PHASES)
+    out = io.StringIO()
+    progress = run_progress.RunProgress(1, Console(file=out, force_terminal=False, width=200))
+    progress.begin_audit("swiglu", "t", 5)
+    progress.last_line -= run_progress.QUIET_S  # as after QUIET_S seconds without a line
+    progress.on_event({"event": "phase", "phase": "state"})
+    assert "swiglu t: a second call on the same buffers, 0/5 examples" in out.getvalue().splitlines()[-1]
+
+
 def test_the_runner_imports_without_torch() -> None:
     """The command line reads REFERENCE_ENV to start the zygote while it imports torch."""
     code = "import sys, fuseaudit.runner; assert 'torch' not in sys.modules, 'torch imported'"
