@@ -356,7 +356,8 @@ def e2e_step(device: str, out_dir: pathlib.Path, tmp: pathlib.Path, budget: floa
 # Scheduling estimates, in seconds per example (audit start-up included), keyed by (op, target), (op, kind),
 # target or kind, first found: they order the pool longest first, give the duration printed before a run,
 # and, scaled by the finished audits' own times, say whether an audit still fits a --time-limit and how long
-# the run has left.  From a default run on one H200 (results-h200.json's elapsed_s per audit over its examples).
+# the run has left.  From a default run on one H200 (reports/results-h200.json.gz: each audit's elapsed_s over its
+# examples).
 _SECONDS_PER_EXAMPLE = {
     ("attention", "builtin:compile"): 15.0,  # Inductor compiles every new shape: the run's longest audit
     ("attention", "reference"): 4.0,         # autotuning off; a compile per new specialisation
