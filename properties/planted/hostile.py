@@ -218,7 +218,9 @@ def _leave_grandchild(x, weight, eps=1e-6, judge=None):
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:  # a grandchild, in its own session, whose parent is gone
-                with open(os.path.join("/tmp", f"fuseaudit-hostile-{judge}.pid"), "w") as f:
+                # beside the --json file: each test's own folder, so that tests run side by side stay apart
+                where = os.path.dirname(path) if path else "/tmp"
+                with open(os.path.join(where, f"fuseaudit-hostile-{judge}.pid"), "w") as f:
                     f.write(str(os.getpid()))
                 end = time.time() + 60
                 while time.time() < end:
