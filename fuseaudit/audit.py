@@ -351,7 +351,7 @@ def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]
     if not enabled:
         yield None
         return
-    state: dict[str, Any] = {"done": 0, "failing": 0, "phase": "loading", "word": "loading the target", "said": ""}
+    state: dict[str, Any] = {"done": 0, "failing": 0, "phase": "loading the target", "said": ""}
     start = time.monotonic()
     status = None
     if sys.stderr.isatty():
@@ -363,18 +363,17 @@ def _progress(enabled: bool, job: AuditJob) -> Iterator[Callable[[dict[str, Any]
         kind = event["event"]
         if kind == "phase":
             state["phase"] = event["phase"]
-            state["word"] = PHASE_WORDS.get(event["phase"], event["phase"])
         elif kind == "done" and event["phase"] == "search":
             state["done"] += 1
             state["failing"] += not event["report"]["passed"]
         elif kind == "lost":
-            state["phase"] = state["word"] = f"a fresh worker after: {event['kind']}"
+            state["phase"] = f"a fresh worker after: {event['kind']}"
         if state["phase"] == "search":
             extra = " (shrinking)" if state["done"] > job.examples else ""
             text = f"search: {state['done']}/{job.examples} examples, {state['failing']} failing{extra}"
             milestone = f"search {state['done'] // LOG_EVERY_EXAMPLES}"
         else:
-            text = milestone = str(state["word"])
+            text = milestone = PHASE_WORDS.get(state["phase"], str(state["phase"]))
         if status is not None:
             status.update(f"audit {job.op}: {text}")
         elif (state["phase"] == "search" or state["said"]) and milestone != state["said"]:

@@ -244,7 +244,7 @@ def headline(runs: list[dict[str, Any]], labels: list[str], bench: list[dict[str
             row[f"vs_{ref}"] = _speedup_cell(mine, ref, timed=bool(bench))
         untimed = "no timing in these results" if not bench else "no reference point of this op in the benchmarks"
         key, unit = ("tflops", " TFLOP/s") if _compute_bound(op) else ("pct_copy", "% of copy")
-        rated = [(number(r.get(key)), r) for r in mine if number(r.get(key))]
+        rated = [(v, r) for r in mine if (v := number(r.get(key)))]
         if rated:
             best, at = max(rated, key=lambda x: x[0])
             row["roofline"] = _cell(f"{best:.2g}{unit}" if best < 10 else f"{best:.0f}{unit}",

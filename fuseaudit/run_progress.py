@@ -103,7 +103,8 @@ class RunProgress:
         """Callback for :func:`fuseaudit.audit.audit`'s ``on_event``."""
         kind = event.get("event")
         if kind == "phase":
-            self.phase = PHASE_WORDS.get(str(event.get("phase")), str(event.get("phase")))
+            phase = str(event.get("phase"))
+            self.phase = PHASE_WORDS.get(phase, phase)
         elif kind == "done" and event.get("phase") == "search":
             self.done += 1
             self.failing += not event["report"].get("passed", True)
