@@ -18,7 +18,10 @@ interrupted run keeps what it did), in this order:
    checks every config apart); built-in targets keep the normal environment.
    The results file records it as ``options.reference_env``.
 2. **launches** -- kernels per call of reference, eager and ``torch.compile``
-   (:func:`~fuseaudit.cli_launches.launch_table`, in a child process).
+   (:func:`~fuseaudit.cli_launches.launch_table`, in a child process).  It
+   times nothing, so on a GPU it runs beside the audits
+   (:func:`launches_beside`); on the CPU the interpreter's audits have the
+   cores, and it follows them.
 3. **bench** (GPU) -- ``fuseaudit bench --quick`` within ``--bench-seconds``.
 4. **e2e** (GPU, where :mod:`fuseaudit.e2e` exists) -- ``fuseaudit e2e``
    within ``--e2e-seconds``: a transformers Llama at Llama-3.2-1B's size
@@ -40,7 +43,8 @@ each audit the time it expects is left.
 ``--time-limit S`` bounds the whole run (``--resume`` continues one that was
 cut short): an audit starts only if it is expected to fit in the time left,
 and a built-in target's audit only if it also leaves the later steps their
-time (:func:`later_steps`: launches, and the bench and e2e budgets), so that
+time (:func:`later_steps`: the bench and e2e budgets, and launches where it
+follows the audits), so that
 third-party correctness never starves the speed steps.
 
 ``--gpus N`` (CUDA; default 1) audits on N GPUs and ``--workers N`` runs up
@@ -60,6 +64,7 @@ interrupted).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import importlib.util
 import json
@@ -83,7 +88,7 @@ from .cli import usage_error
 
 # examples per audit: (row ops, attention) per device; built-in targets recompile per shape, so fewer
 DEFAULT_TARGET_EXAMPLES = {"cpu": 8, "cuda": 8}
-DEFAULT_SHRINK_S = {"cpu": 30.0, "cuda": 60.0}
+DEFAULT_SHRINK_S = 30.0  # shrinking of each failure: a run surveys many targets (fuseaudit audit of one: 120 s)
 DEFAULT_BENCH_S = 100.0  # budget of the bench step; with the e2e one, what makes a default H200 run fit five minutes
 DEFAULT_E2E_S = 120.0  # budget of the e2e step
 LAUNCHES_TIMEOUT_S = 600.0
@@ -108,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="examples per built-in target audit (default 8: torch.compile recompiles per shape)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every search (default 0: reproducible)")
     parser.add_argument("--shrink-time", type=float, default=None, metavar="S",
-                        help="seconds of shrinking after a first failure (default: CPU 30, GPU 60)")
+                        help=f"seconds of shrinking after a first failure (default {DEFAULT_SHRINK_S:g})")
     parser.add_argument("--builtins", action=onoff, default=None,
                         help="also audit the built-in targets this device has (default: on a GPU only)")
     parser.add_argument("--bench", action=onoff, default=None, help="benchmark sweep (default: on a GPU only)")
@@ -168,7 +173,7 @@ def _options(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "ops": ops, "examples": examples,
         "target_examples": args.target_examples or DEFAULT_TARGET_EXAMPLES[device],
         "seed": args.seed,
-        "shrink_time": DEFAULT_SHRINK_S[device] if args.shrink_time is None else args.shrink_time,
+        "shrink_time": DEFAULT_SHRINK_S if args.shrink_time is None else args.shrink_time,
         "builtins": gpu if args.builtins is None else args.builtins,
         "bench": gpu if args.bench is None else args.bench, "bench_seconds": args.bench_seconds,
         "e2e": (gpu and e2e_exists) if args.e2e is None else args.e2e, "e2e_seconds": args.e2e_seconds,
@@ -253,9 +258,10 @@ def audit_entry(op: str, target: str, kind: str, examples: int, *, device: str, 
     return entry
 
 
-def _child(cmd: list[str], *, timeout: float, stdout: Any) -> tuple[int | None, str]:
-    """Run ``cmd`` (stderr shared with ours); past ``timeout`` SIGINT (it keeps what it measured), then kill."""
-    proc = subprocess.Popen(cmd, stdout=stdout, stderr=None, stdin=subprocess.DEVNULL)
+def _child(cmd: list[str], *, timeout: float, stdout: Any, stderr: Any = None) -> tuple[int | None, str]:
+    """Run ``cmd`` (stderr shared with ours unless given); past ``timeout`` SIGINT (it keeps what it
+    measured), then kill."""
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
     try:
         return proc.wait(timeout=timeout), ""
     except subprocess.TimeoutExpired:
@@ -288,10 +294,12 @@ def _read_json(path: pathlib.Path) -> Any:
 
 
 def launches_step(ops: list[str], device: str, tmp: pathlib.Path, budget: float) -> dict[str, Any]:
+    """Kernels per call of every op, counted in a child whose output goes to its log (it may run beside
+    the audits' progress): the log's tail is the message where it fails."""
     out, log = tmp / "launches.json", tmp / "launches.log"
     with log.open("w") as f:
         rc, note = _child([sys.executable, "-m", "fuseaudit._launch_worker", device, str(out), *ops],
-                          timeout=min(LAUNCHES_TIMEOUT_S, budget), stdout=f)
+                          timeout=min(LAUNCHES_TIMEOUT_S, budget), stdout=f, stderr=subprocess.STDOUT)
     doc = _read_json(out) or {"rows": []}
     rows = doc.get("rows", [])
     counted = {r.get("op") for r in rows}
@@ -397,10 +405,16 @@ def schedule_seconds(costs: Iterable[float], workers: int, *, busy: Iterable[flo
     return max(loads, default=0.0)
 
 
+def launches_beside(device: str) -> bool:
+    """Whether the launches step runs beside the audits: on a GPU (it times nothing, and the audits leave
+    the GPU and the cores room), not under the interpreter (whose audits take every core)."""
+    return device == "cuda"
+
+
 def later_steps(options: dict[str, Any], device: str) -> dict[str, float]:
-    """Seconds the steps after the audits are expected to take: launches (a guess), and the budgets of
-    bench and e2e where they run."""
-    steps = {"launches": EXPECTED_LAUNCHES_S}
+    """Seconds the steps after the audits are expected to take: launches (a guess) where it follows
+    them (:func:`launches_beside`), and the budgets of bench and e2e where they run."""
+    steps = {} if launches_beside(device) else {"launches": EXPECTED_LAUNCHES_S}
     if options["bench"] and device == "cuda":
         steps["bench"] = options["bench_seconds"]
     if options["e2e"]:
@@ -426,8 +440,9 @@ def expected_line(costs: list[float], *, workers: int, later: dict[str, float], 
     audits = schedule_seconds(costs, workers)
     total = audits + sum(later.values())
     cut = f"; --time-limit {time_limit:g} s cuts it" if time_limit is not None and time_limit < total else ""
+    beside = " with launches beside them" if "launches" not in later else ""
     return (f"expected about {duration(min(total, time_limit or total))} (audits ~{duration(audits)} on "
-            f"{workers} worker{'s' * (workers > 1)}, {steps}{cut})")
+            f"{workers} worker{'s' * (workers > 1)}{beside}, {steps}{cut})")
 
 
 def worker_device(device: str, worker: int, *, gpus: int = 1) -> tuple[str, dict[str, str] | None]:
@@ -597,8 +612,9 @@ class _Run:
             self.progress.end_audit(entry, left_s=self.time_left())
         self._publish(i, entry)
 
-    def step(self, name: str, wanted: bool, job: Any) -> None:
-        """Run ``job(budget_seconds)`` for step ``name`` unless kept, unwanted or out of time."""
+    def step(self, name: str, wanted: bool, job: Any, *, beside: bool = False) -> None:
+        """Run ``job(budget_seconds)`` for step ``name`` unless kept, unwanted or out of time; ``beside``:
+        while the audits run (the child's output goes to its log, the progress keeps drawing)."""
         if self.old and (self.old.get(name) or {}).get("status") == "done":
             self.doc[name] = self.old[name]
             self.progress.line(f"kept  {name} (from {self.path.name})")
@@ -613,20 +629,49 @@ class _Run:
         if skip:
             self.doc[name] = {"status": "skipped", "message": skip, "document": None, "rows": []}
             return
-        self.progress.line(f"{name} ...")
-        with self.progress.paused():
-            self.doc[name] = job(max(MIN_STEP_S, min(self.options.get(f"{name}_seconds") or 1e9,
-                                                     self.left() - MIN_STEP_S)))
+        self.progress.line(f"{name} ..." + " (beside the audits)" * beside)
+        budget = max(MIN_STEP_S, min(self.options.get(f"{name}_seconds") or 1e9, self.left() - MIN_STEP_S))
+        with contextlib.nullcontext() if beside else self.progress.paused():
+            entry = job(budget)
+        with self.lock:
+            self.doc[name] = entry
         self.progress.line(f"{name}: {self.doc[name]['status']} {self.doc[name].get('message') or ''}".rstrip())
         self.save()
+
+
+class _Beside:
+    """``step(*args, beside=True)`` in a thread from now until :meth:`join` where ``beside``, else all of
+    it at :meth:`join`; an exception of ours is raised at :meth:`join`."""
+
+    def __init__(self, step: Any, *args: Any, beside: bool) -> None:
+        self.step, self.args, self.error = step, args, None
+        self.thread = threading.Thread(target=self._go, name="fuseaudit-beside", daemon=True) if beside else None
+        if self.thread is not None:
+            self.thread.start()
+
+    def _go(self) -> None:
+        try:
+            self.step(*self.args, beside=True)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> None:
+        if self.thread is None:
+            self.step(*self.args)
+            return
+        while self.thread.is_alive():
+            self.thread.join(timeout=0.5)  # a timed join lets KeyboardInterrupt through
+        if self.error is not None:
+            raise self.error
 
 
 def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pathlib.Path) -> dict[str, Any]:
     """Every step, the document written after each; KeyboardInterrupt propagates (the document is saved).
 
-    Order: every audit (reference kernels and built-in targets, one pool), launches, bench, e2e:
-    timing never runs while audits share the GPU, and under a ``--time-limit`` a built-in target's
-    audit starts only if it leaves the later steps their time (:meth:`_Run.late`).
+    Order: every audit (reference kernels and built-in targets, one pool) with launches beside them on
+    a GPU (after them on the CPU), bench, e2e: timing never runs while audits share the GPU, and under
+    a ``--time-limit`` a built-in target's audit starts only if it leaves the later steps their time
+    (:meth:`_Run.late`).
     """
     from .run_progress import RunProgress
 
@@ -638,8 +683,11 @@ def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pa
         progress.line(f"fuseaudit run on {r.doc['environment'].get('device_name', device)}: {len(jobs)} audit(s)"
                       f"{limit}; results in {path}")
         progress.line(r.expected(jobs))
+        launches = _Beside(r.step, "launches", True,
+                           lambda budget: launches_step(options["ops"], device, r.tmp, budget),
+                           beside=launches_beside(device))
         r.audits(jobs)
-        r.step("launches", True, lambda budget: launches_step(options["ops"], device, r.tmp, budget))
+        launches.join()
         r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
         r.step("e2e", options["e2e"], lambda budget: e2e_step(device, path.parent, r.tmp, budget))
         r.doc["finished"] = True
