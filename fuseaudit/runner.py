@@ -33,10 +33,10 @@ interrupted run keeps what it did), in this order:
 
 Timing (bench, e2e) never runs while audits do: the audits share the GPU.
 
-Defaults fit a fresh 2-core CPU machine in two to four minutes (attention,
+Defaults fit a fresh 2-core CPU machine in one to four minutes (attention,
 slowest under the interpreter, gets the fewest examples).  On one H200 they
-aim at five minutes: four audits at once, bench and e2e within
-:data:`DEFAULT_BENCH_S` and :data:`DEFAULT_E2E_S`.  Before the first audit
+aim at five minutes: :data:`WORKERS_PER_GPU` audits at once, bench and e2e
+within :data:`DEFAULT_BENCH_S` and :data:`DEFAULT_E2E_S`.  Before the first audit
 the run prints what it expects to take (:func:`expected_line`), and after
 each audit the time it expects is left.
 
