@@ -258,10 +258,19 @@ def audit_entry(op: str, target: str, kind: str, examples: int, *, device: str, 
     return entry
 
 
+_CHILDREN: set[subprocess.Popen] = set()  # the steps' children running now: killed where the run stops early
+
+
+def _kill_children() -> None:
+    for proc in list(_CHILDREN):
+        proc.kill()
+
+
 def _child(cmd: list[str], *, timeout: float, stdout: Any, stderr: Any = None) -> tuple[int | None, str]:
     """Run ``cmd`` (stderr shared with ours unless given); past ``timeout`` SIGINT (it keeps what it
     measured), then kill."""
     proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+    _CHILDREN.add(proc)
     try:
         return proc.wait(timeout=timeout), ""
     except subprocess.TimeoutExpired:
@@ -277,6 +286,8 @@ def _child(cmd: list[str], *, timeout: float, stdout: Any, stderr: Any = None) -
         proc.kill()
         proc.wait()
         raise
+    finally:
+        _CHILDREN.discard(proc)
 
 
 def _tail(path: pathlib.Path, lines: int = 15) -> str:
@@ -616,7 +627,8 @@ class _Run:
         """Run ``job(budget_seconds)`` for step ``name`` unless kept, unwanted or out of time; ``beside``:
         while the audits run (the child's output goes to its log, the progress keeps drawing)."""
         if self.old and (self.old.get(name) or {}).get("status") == "done":
-            self.doc[name] = self.old[name]
+            with self.lock:  # the audits' threads may be writing the document
+                self.doc[name] = self.old[name]
             self.progress.line(f"kept  {name} (from {self.path.name})")
             return
         skip = None
@@ -627,7 +639,8 @@ class _Run:
         elif self.left() < MIN_STEP_S:
             skip = f"not run: --time-limit {self.options['time_limit']:g} s reached"
         if skip:
-            self.doc[name] = {"status": "skipped", "message": skip, "document": None, "rows": []}
+            with self.lock:
+                self.doc[name] = {"status": "skipped", "message": skip, "document": None, "rows": []}
             return
         self.progress.line(f"{name} ..." + " (beside the audits)" * beside)
         budget = max(MIN_STEP_S, min(self.options.get(f"{name}_seconds") or 1e9, self.left() - MIN_STEP_S))
@@ -635,7 +648,7 @@ class _Run:
             entry = job(budget)
         with self.lock:
             self.doc[name] = entry
-        self.progress.line(f"{name}: {self.doc[name]['status']} {self.doc[name].get('message') or ''}".rstrip())
+        self.progress.line(f"{name}: {entry['status']} {entry.get('message') or ''}".rstrip())
         self.save()
 
 
@@ -686,7 +699,11 @@ def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pa
         launches = _Beside(r.step, "launches", True,
                            lambda budget: launches_step(options["ops"], device, r.tmp, budget),
                            beside=launches_beside(device))
-        r.audits(jobs)
+        try:
+            r.audits(jobs)
+        except BaseException:  # interrupted, or a bug of ours: no launch counter is left running
+            _kill_children()
+            raise
         launches.join()
         r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
         r.step("e2e", options["e2e"], lambda budget: e2e_step(device, path.parent, r.tmp, budget))

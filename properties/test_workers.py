@@ -214,6 +214,29 @@ def test_every_audit_runs_before_bench_and_e2e_and_launches_beside_them(
     assert len(finished) == 4 and all(re.search(r"about \d+ (s|min) left", line) for line in finished), err
 
 
+def test_an_interrupted_run_leaves_no_launch_counter_running(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    fake = _FakeRun(monkeypatch, tmp_path, ["--workers", "2"])
+    ended = threading.Event()
+
+    def slow_count(*args: object) -> dict:  # a launch counter that would run for a minute
+        runner._child([sys.executable, "-c", "import time; time.sleep(60)"], timeout=120,
+                      stdout=subprocess.DEVNULL)
+        ended.set()
+        return {"status": "error", "message": "", "rows": []}
+
+    def interrupted(*args: object, **kw: object) -> _Result:
+        time.sleep(0.5)  # the counter has started
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "launches_step", slow_count)
+    monkeypatch.setattr("fuseaudit.audit.audit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fake.run()
+    assert ended.wait(10), "the launch counter beside the audits kept running after the run stopped"
+    assert not runner._CHILDREN
+
+
 def test_builtin_audits_leave_the_speed_steps_their_budgets(monkeypatch: pytest.MonkeyPatch,
                                                            tmp_path: Path) -> None:
     # the bench and e2e budgets and a step's 30 s margin do not fit in 200 s: built-in
