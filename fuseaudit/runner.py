@@ -701,10 +701,10 @@ def run(args: argparse.Namespace, device: str, options: dict[str, Any], path: pa
                            beside=launches_beside(device))
         try:
             r.audits(jobs)
+            launches.join()
         except BaseException:  # interrupted, or a bug of ours: no launch counter is left running
             _kill_children()
             raise
-        launches.join()
         r.step("bench", options["bench"], lambda budget: bench_step(options, r.tmp, budget))
         r.step("e2e", options["e2e"], lambda budget: e2e_step(device, path.parent, r.tmp, budget))
         r.doc["finished"] = True
