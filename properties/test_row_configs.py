@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fuseaudit.kernels import _coop, _launch, _tuning
@@ -26,6 +28,7 @@ from fuseaudit.case import Case
 from fuseaudit.catalog import OPS
 from fuseaudit.check import run_case
 
+_TUNE_ROWS = Path(__file__).resolve().parent.parent / "tuning" / "tune_rows.py"
 ROW_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
 HALF_BLOCK = 64  # a looped config's block, scaled down
 LAYOUTS = ("contiguous", "padded", "transposed")
@@ -133,6 +136,26 @@ def test_table_file_round_trips():
     for table in _tuning.TABLES.values():
         for row in table:
             assert RowConfig.from_json(row.config.to_json()) == row.config
+
+
+def test_a_partial_tuning_run_stamps_the_rows_it_measured(tmp_path):
+    """tune_rows.py's table after a run: the header says where every row was measured only where the
+    run measured them all; a partial run's rows carry their own stamp, and the table still loads."""
+    spec = importlib.util.spec_from_file_location("tune_rows", _TUNE_ROWS)
+    tune_rows = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_rows)
+    old, new = {"device": "before", "torch": "-", "triton": "-", "date": "-"}, {**_tuning.MEASURED, "date": "now"}
+    config = RowConfig(kernel="whole", warps=4).to_json()
+    tables = {"softmax": [{"dtypes": "bf16", "rows": [1, None], "n": [1, None], "config": config, "measured": new},
+                          {"dtypes": "fp32", "rows": [1, None], "n": [1, None], "config": config}]}
+    header, rows = tune_rows.provenance(old, tables, new)
+    assert header == old and rows["softmax"][0]["measured"] == new and "measured" not in rows["softmax"][1]
+    tune_rows.write_table(tmp_path / "t.json", header, rows)
+    measured, loaded = _tuning.load_tables(tmp_path / "t.json")
+    assert measured == old and [r.config for r in loaded["softmax"]] == [RowConfig.from_json(config)] * 2
+    tables["softmax"][1]["measured"] = new  # every row measured by this run: the header says so, the rows not
+    header, rows = tune_rows.provenance(old, tables, new)
+    assert header == new and not [r for r in rows["softmax"] if "measured" in r]
 
 
 def test_split_grids_fit_the_sms():

@@ -13,10 +13,13 @@ flush, interleaved rounds (``fuseaudit.timing.time_events_rounds``), or
 ``triton.testing.do_bench`` with ``--do-bench``.  A candidate replaces the
 row's config only where it is faster at every shape of the row by more than
 ``--min-gain``; the table is then rewritten with where and when it was
-measured.  A ``--points`` file has one ``op dtype rows N[/stride]`` a line
-(``#`` starts a comment; ``/stride``: rows sliced from ``(rows, stride)``, to
-tell a row alignment's effect from the width's), and prints the candidates'
-times at each point beside ``torch.compile``'s and a device copy's.
+measured: in its header where the run measured every row, else as a stamp
+on each row it measured (``--ops``/``--dtypes`` split a run of hours into
+parts; each part's rows say where they were measured).  A ``--points`` file
+has one ``op dtype rows N[/stride]`` a line (``#`` starts a comment;
+``/stride``: rows sliced from ``(rows, stride)``, to tell a row alignment's
+effect from the width's), and prints the candidates' times at each point
+beside ``torch.compile``'s and a device copy's.
 
 The table format is :func:`write_table`'s; ``kernels/_tuning.py`` reads it.
 """
@@ -168,9 +171,25 @@ def measure(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: 
     return [t if good else float("inf") for t, good in zip(times, ok)]
 
 
+def provenance(old: dict[str, Any], tables: dict[str, list[dict[str, Any]]], measured: dict[str, Any]
+               ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The header and rows to write after a run that stamped the rows it measured with ``measured``.
+
+    Where the run measured every row, ``measured`` becomes the header and the rows carry no stamp;
+    otherwise the header keeps ``old`` (what the unstamped rows came from) and each row measured by
+    this run or an earlier partial run keeps its own stamp, so a table tuned op by op over several
+    runs says where each row was measured.
+    """
+    if all(row.get("measured") == measured for rows in tables.values() for row in rows):
+        return measured, {op: [{k: v for k, v in row.items() if k != "measured"} for row in rows]
+                          for op, rows in tables.items()}
+    return old, tables
+
+
 def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, dtypes: set[str], min_gain: float,
-         do_bench: bool) -> Iterator[dict[str, Any]]:
-    """The table's rows with each config replaced by the fastest candidate where it wins at every shape."""
+         do_bench: bool, measured: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The table's rows with each config replaced by the fastest candidate where it wins at every shape;
+    each row measured is stamped ``measured``."""
     from fuseaudit.kernels._tuning import RowConfig
 
     for row in rows_of_table:
@@ -191,7 +210,7 @@ def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, dtypes: set[
                 best = cand
         print(f"{op} {row['dtypes']} rows {row['rows']} N {row['n']}: "
               + ("kept" if best is current else f"-> {best.to_json()}"), file=sys.stderr)
-        yield {**row, "config": best.to_json()}
+        yield {**row, "config": best.to_json(), "measured": measured}
 
 
 def print_points(path: pathlib.Path, device: str, do_bench: bool) -> None:
@@ -247,15 +266,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = json.loads(args.table.read_text())
     tables = dict(data["ops"])
-    for op in args.ops.split(","):
-        tables[op] = list(tune(op, tables[op], device, set(args.dtypes.split(",")), args.min_gain, args.do_bench))
     measured = {"device": torch.cuda.get_device_name(), "torch": torch.__version__.split("+")[0],
                 "triton": triton.__version__, "date": datetime.date.today().isoformat(),
                 "method": "triton.testing.do_bench" if args.do_bench else "event time after an L2 flush, 3 rounds",
                 "by": "tuning/tune_rows.py"}
+    for op in args.ops.split(","):
+        tables[op] = list(tune(op, tables[op], device, set(args.dtypes.split(",")), args.min_gain, args.do_bench,
+                               measured))
     if args.dry_run:
         return 0
-    write_table(args.table, measured, tables)
+    write_table(args.table, *provenance(data["measured"], tables, measured))
     print(f"rewrote {args.table}", file=sys.stderr)
     return 0
 
