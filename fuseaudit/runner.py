@@ -484,6 +484,12 @@ def _resumed(path: pathlib.Path, device: str) -> dict[str, Any] | None:
     return old if old["device"] == device else None
 
 
+def _join(thread: threading.Thread) -> None:
+    """Wait for ``thread`` in short joins, which let KeyboardInterrupt through to the main thread."""
+    while thread.is_alive():
+        thread.join(timeout=0.5)
+
+
 class _Run:
     """One ``fuseaudit run``: the document, where it goes, what to keep from a resumed file, the clock."""
 
@@ -580,8 +586,7 @@ class _Run:
         for t in threads:
             t.start()
         for t in threads:
-            while t.is_alive():
-                t.join(timeout=0.5)  # a timed join lets KeyboardInterrupt through
+            _join(t)
         if failures:
             raise failures[0]
 
@@ -672,8 +677,7 @@ class _Beside:
         if self.thread is None:
             self.step(*self.args)
             return
-        while self.thread.is_alive():
-            self.thread.join(timeout=0.5)  # a timed join lets KeyboardInterrupt through
+        _join(self.thread)
         if self.error is not None:
             raise self.error
 
