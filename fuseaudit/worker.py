@@ -119,11 +119,12 @@ class Worker:
                 return
             reply = getattr(self, f"_{request['req']}")(request)
             reply["id"] = request["id"]
+            if reply.get("fatal"):  # the CUDA context is lost: nothing more can run here, not even a release
+                send(self.sock, reply)  # of the judge's buffers (it synchronises, and would abort the process)
+                os._exit(3)
             if request["req"] != "load" and not request.get("hold"):
                 self.mapper.forget()
             send(self.sock, reply)
-            if reply.get("fatal"):
-                os._exit(3)  # the CUDA context is lost: nothing more can run here
 
     # -- requests ---------------------------------------------------------------
     def _load(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -241,6 +241,14 @@ def test_lost_cuda_context_is_a_runs_failure():
     assert "illegal memory access" in result.verdicts["runs"].summary
 
 
+def test_a_lost_cuda_context_is_reported_by_its_error_not_as_a_crash():
+    """A worker whose context is lost replies before it lets go of the judge's buffers: on a GPU that
+    release synchronises and aborts the process, which would hide the error behind a SIGABRT."""
+    result = run("bias_gelu", "misbehaving.py:misaligned_on_half", launches=2)
+    summary = result.verdicts["runs"].summary
+    assert "misaligned address" in summary and "SIGABRT" not in summary, summary
+
+
 def test_cli_raising_target_is_shrunk_and_reported(tmp_path):
     out = tmp_path / "result.json"
     proc = subprocess.run(

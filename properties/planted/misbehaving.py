@@ -35,6 +35,17 @@ def wrong_signature(x):
     return F.gelu(x)
 
 
+def misaligned_on_half(x, bias, approximate="none"):
+    if x.dtype.itemsize == 2:  # as on a GPU: the call faults, and releasing the judge's CUDA buffers aborts
+        import os
+
+        from fuseaudit import channel
+
+        channel.Mapper.forget = lambda self: os.abort()
+        raise RuntimeError("CUDA error: misaligned address")
+    return F.gelu(x + bias, approximate=approximate)
+
+
 def illegal_access_on_half(x, bias, approximate="none"):
     if x.dtype.itemsize == 2:  # what a kernel writing out of bounds leaves behind on a GPU
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
