@@ -158,6 +158,21 @@ def test_a_partial_tuning_run_stamps_the_rows_it_measured(tmp_path):
     assert header == new and not [r for r in rows["softmax"] if "measured" in r]
 
 
+def test_a_tuning_run_confirms_the_fastest_screened_and_keeps_a_config_unless_beaten_everywhere():
+    """tune_rows.py's two choices: which candidates the screen sends on (the least geometric mean over
+    the row's shapes, never one that failed at a shape), and which one replaces the row's config."""
+    spec = importlib.util.spec_from_file_location("tune_rows", _TUNE_ROWS)
+    tune_rows = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_rows)
+    inf = float("inf")
+    screened = [[10.0, 5.0, 9.0, 1.0, 8.0], [10.0, 5.0, 9.0, inf, 12.0]]  # per shape: the row's own config first
+    assert tune_rows.finalists(screened, 2) == [0, 1, 2]
+    assert tune_rows.finalists(screened, 9) == [0, 1, 2, 4]
+    assert tune_rows.pick([[10.0, 9.0, 8.0], [10.0, 9.0, 10.0]], 0.02) == 1  # 2 ties the row's config at one shape
+    assert tune_rows.pick([[10.0, 9.9], [10.0, 9.0]], 0.02) == 0  # within the gain at one shape: kept
+    assert tune_rows.pick([[10.0, 9.0, 8.0], [10.0, 9.0, 8.5]], 0.02) == 2
+
+
 def test_split_grids_fit_the_sms():
     """Every split a table asks for is resident at once on an H200 (132 SMs): a cooperative grid must be."""
     splits = {row.config.split for table in _tuning.TABLES.values() for row in table if row.config.split}

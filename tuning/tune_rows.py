@@ -5,21 +5,30 @@
     python tuning/tune_rows.py --points points.txt  # time candidates at given shapes, print, change nothing
 
 For each row of an op's table (a dtype, a range of row counts and a range of
-widths) it takes a few shapes inside the row's ranges, builds the candidate
-configs (the row's own, and a generated space around it, pruned by
-:func:`keep`), checks each candidate's output against the op's current
-output, and times every candidate at every shape: event time after an L2
-flush, interleaved rounds (``fuseaudit.timing.time_events_rounds``), or
-``triton.testing.do_bench`` with ``--do-bench``.  A candidate replaces the
-row's config only where it is faster at every shape of the row by more than
-``--min-gain``; the table is then rewritten with where and when it was
-measured: in its header where the run measured every row, else as a stamp
-on each row it measured (``--ops``/``--dtypes`` split a run of hours into
-parts; each part's rows say where they were measured).  A ``--points`` file
-has one ``op dtype rows N[/stride]`` a line (``#`` starts a comment;
-``/stride``: rows sliced from ``(rows, stride)``, to tell a row alignment's
-effect from the width's), and prints the candidates' times at each point
-beside ``torch.compile``'s and a device copy's.
+widths) it takes a few shapes inside the row's ranges and builds the
+candidate configs (the row's own, and a generated space around it, pruned by
+:func:`keep`).  Three steps, so that a whole table fits in minutes of GPU time:
+
+1. **compile**: every candidate runs once at every shape in ``--processes``
+   spawned processes, filling Triton's cache (the compiles, not the GPU, are
+   most of a cold run's time);
+2. **screen**: every candidate is timed once, briefly, at every shape
+   (:func:`screen`), and the ``--top`` fastest by geometric mean over the
+   row's shapes go on;
+3. **confirm**: those and the row's own config are checked against the
+   row's output and timed at every shape in interleaved rounds (event time
+   after an L2 flush, ``fuseaudit.timing.time_events_rounds``, or
+   ``triton.testing.do_bench`` with ``--do-bench``).
+
+A candidate replaces the row's config only where it is faster at every shape
+of the row by more than ``--min-gain`` (:func:`pick`).  The table is written
+after each row with where and when it was measured: in its header where the
+run measured every row, else as a stamp on each row it measured
+(``--ops``/``--dtypes`` split a run into parts; each part's rows say where
+they were measured).  A ``--points`` file has one ``op dtype rows N[/stride]``
+a line (``#`` starts a comment; ``/stride``: rows sliced from ``(rows,
+stride)``, to tell a row alignment's effect from the width's), and prints the
+candidates' times at each point beside ``torch.compile``'s and a device copy's.
 
 The table format is :func:`write_table`'s; ``kernels/_tuning.py`` reads it.
 """
@@ -31,6 +40,8 @@ import dataclasses
 import datetime
 import functools
 import json
+import math
+import os
 import pathlib
 import sys
 from collections.abc import Callable, Iterator
@@ -145,20 +156,24 @@ def _first(out: Any) -> Any:
     return out[0] if isinstance(out, tuple) else out
 
 
+def _calls(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: str,
+           stride: int | None = None) -> list[Callable[[], Any]]:
+    """One call of the op a config, on inputs drawn for the shape (the same for every config)."""
+    from fuseaudit.catalog import OPS as SPECS
+
+    spec = SPECS[op]
+    inputs = _inputs(op, dtype, rows, n, stride, device)
+    args = [inputs[name] for name in spec.input_names]
+    module = _module(op)
+    return [functools.partial(module.with_config(op, c), *args, **spec.defaults()) for c in configs]
+
+
 def measure(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: str, do_bench: bool,
             stride: int | None = None) -> list[float]:
     """µs of each config at one shape; a config whose output differs from the first's by more than noise is inf."""
     import torch
 
-    from fuseaudit.catalog import OPS as SPECS
-
-    spec = SPECS[op]
-    inputs = _inputs(op, dtype, rows, n, stride, device)
-    params = spec.defaults()
-    args = [inputs[name] for name in spec.input_names]
-    module = _module(op)
-    fns = [module.with_config(op, c) for c in configs]
-    calls = [functools.partial(fn, *args, **params) for fn in fns]
+    calls = _calls(op, dtype, rows, n, configs, device, stride)
     want = _first(calls[0]()).float()
     ok = []
     for call in calls:
@@ -169,6 +184,86 @@ def measure(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: 
             ok.append(False)
     times = _time(calls, do_bench)
     return [t if good else float("inf") for t, good in zip(times, ok)]
+
+
+def screen(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: str) -> list[float]:
+    """µs of each config at one shape, from a few repeats each (inf for one that raised): a ranking, not a verdict."""
+    from fuseaudit.timing import time_events
+
+    out = []
+    for call in _calls(op, dtype, rows, n, configs, device):
+        try:
+            out.append(time_events(call, warmup=1, target_seconds=0.003, min_repeats=3, max_repeats=20).median_us)
+        except Exception:  # a candidate that does not compile or launch loses
+            out.append(float("inf"))
+    return out
+
+
+def finalists(times: list[list[float]], top: int) -> list[int]:
+    """Index 0 (the row's own config) and the ``top`` other candidates with the least geometric mean of
+    their time over the current config's, across the shapes ``times`` holds (one list per shape)."""
+    def score(i: int) -> float:
+        ratios = [t[i] / t[0] for t in times]
+        return math.prod(ratios) ** (1 / len(ratios)) if all(math.isfinite(r) for r in ratios) else math.inf
+
+    ranked = sorted((i for i in range(1, len(times[0])) if math.isfinite(score(i))), key=score)
+    return [0, *ranked[:top]]
+
+
+def pick(times: list[list[float]], min_gain: float) -> int:
+    """The candidate to keep: the fastest at every shape among those faster than index 0 by ``min_gain``
+    at every shape; else 0."""
+    best = 0
+    for i in range(1, len(times[0])):
+        if all(t[i] * (1 + min_gain) < t[0] for t in times) and (best == 0 or all(t[i] < t[best] for t in times)):
+            best = i
+    return best
+
+
+def _compile_init(fraction: float) -> None:
+    import torch
+
+    torch.cuda.set_per_process_memory_fraction(fraction)  # a shape too large for its share skips the step
+
+
+def _compile_job(job: tuple[str, str, list[tuple[int, int]], list[dict[str, Any]]]) -> int:
+    """Run each config of ``job`` once at each of its shapes (Triton compiles it into its cache); how many raised.
+
+    One job is one table row, so that no two processes compile the same kernel at once."""
+    from fuseaudit.kernels._tuning import RowConfig
+
+    op, dtype, points, configs = job
+    failed = 0
+    for rows, n in points:
+        try:
+            calls = _calls(op, dtype, rows, n, [RowConfig.from_json(c) for c in configs], "cuda")
+        except Exception:  # out of this process's share of memory: the timing process compiles these
+            failed += len(configs)
+            continue
+        for call in calls:
+            try:
+                call()
+            except Exception:
+                failed += 1
+        del calls
+    return failed
+
+
+def precompile(jobs: list[tuple[str, str, list[tuple[int, int]], list[dict[str, Any]]]], processes: int) -> None:
+    """Compile every ``(op, dtype, shapes, configs)`` job in ``processes`` spawned processes before any timing."""
+    import multiprocessing
+    import time
+
+    if processes < 1 or not jobs:
+        return
+    start, done, failed = time.monotonic(), 0, 0
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(processes, initializer=_compile_init, initargs=(0.9 / processes,)) as pool:
+        for failed_here in pool.imap_unordered(_compile_job, jobs):
+            done, failed = done + 1, failed + failed_here
+            if done % 20 == 0 or done == len(jobs):
+                print(f"compiled {done}/{len(jobs)} table rows in {time.monotonic() - start:.0f} s "
+                      f"({failed} candidate runs raised or did not fit)", file=sys.stderr, flush=True)
 
 
 def provenance(old: dict[str, Any], tables: dict[str, list[dict[str, Any]]], measured: dict[str, Any]
@@ -186,30 +281,30 @@ def provenance(old: dict[str, Any], tables: dict[str, list[dict[str, Any]]], mea
     return old, tables
 
 
-def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, dtypes: set[str], min_gain: float,
-         do_bench: bool, measured: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The table's rows with each config replaced by the fastest candidate where it wins at every shape;
-    each row measured is stamped ``measured``."""
+def _plan(row: dict[str, Any]) -> tuple[str, list[tuple[int, int]], list[Any]]:
+    """A table row's measured dtype, shapes and candidates (the row's own config first)."""
     from fuseaudit.kernels._tuning import RowConfig
 
+    dtype = row["dtypes"].split(",")[0]
+    points = shapes(row)
+    return dtype, points, candidates(RowConfig.from_json(row["config"]), max(n for _, n in points),
+                                     4 if dtype == "fp32" else 2)
+
+
+def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, dtypes: set[str], min_gain: float,
+         do_bench: bool, measured: dict[str, Any], top: int) -> Iterator[dict[str, Any]]:
+    """The table's rows with each config replaced by the fastest candidate where it wins at every shape;
+    each row measured is stamped ``measured``."""
     for row in rows_of_table:
-        names = row["dtypes"].split(",")
-        if not set(names) & dtypes:
+        if not set(row["dtypes"].split(",")) & dtypes:
             yield row
             continue
-        dtype = names[0]
-        size = 4 if dtype == "fp32" else 2
-        current = RowConfig.from_json(row["config"])
-        points = shapes(row)
-        cands = candidates(current, max(n for _, n in points), size)
-        times = [measure(op, dtype, r, n, cands, device, do_bench) for r, n in points]
-        best = current
-        for i, cand in enumerate(cands[1:], 1):
-            if all(t[i] * (1 + min_gain) < t[0] for t in times) and \
-                    (best is current or all(t[i] < t[cands.index(best)] for t in times)):
-                best = cand
-        print(f"{op} {row['dtypes']} rows {row['rows']} N {row['n']}: "
-              + ("kept" if best is current else f"-> {best.to_json()}"), file=sys.stderr)
+        dtype, points, cands = _plan(row)
+        kept = finalists([screen(op, dtype, r, n, cands, device) for r, n in points], top)
+        times = [measure(op, dtype, r, n, [cands[i] for i in kept], device, do_bench) for r, n in points]
+        best = cands[kept[pick(times, min_gain)]]
+        print(f"{op} {row['dtypes']} rows {row['rows']} N {row['n']}: {len(cands)} candidates, "
+              + ("kept" if best is cands[0] else f"-> {best.to_json()}"), file=sys.stderr, flush=True)
         yield {**row, "config": best.to_json(), "measured": measured}
 
 
@@ -252,7 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--do-bench", action="store_true", help="time with triton.testing.do_bench")
     parser.add_argument("--dry-run", action="store_true", help="measure and print; leave the table as it is")
     parser.add_argument("--points", type=pathlib.Path, help="time the candidates at these shapes only (see above)")
+    parser.add_argument("--top", type=int, default=3, help="candidates a row confirms after the screen (default 3)")
+    parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 16),
+                        help="processes that compile the candidates first (0: compile while timing)")
     args = parser.parse_args(argv)
+    ops, dtypes = args.ops.split(","), set(args.dtypes.split(","))
+    if set(ops) - set(OPS) or dtypes - set(DTYPES) or args.top < 1 or args.processes < 0:
+        parser.error(f"--ops from {','.join(OPS)}, --dtypes from {','.join(DTYPES)}, --top >= 1, --processes >= 0")
 
     import torch
     import triton
@@ -266,17 +367,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = json.loads(args.table.read_text())
     tables = dict(data["ops"])
+    timing = "triton.testing.do_bench" if args.do_bench else "event time after an L2 flush, 3 interleaved rounds"
     measured = {"device": torch.cuda.get_device_name(), "torch": torch.__version__.split("+")[0],
                 "triton": triton.__version__, "date": datetime.date.today().isoformat(),
-                "method": "triton.testing.do_bench" if args.do_bench else "event time after an L2 flush, 3 rounds",
+                "method": f"every candidate screened, the {args.top} fastest confirmed by {timing}",
                 "by": "tuning/tune_rows.py"}
-    for op in args.ops.split(","):
-        tables[op] = list(tune(op, tables[op], device, set(args.dtypes.split(",")), args.min_gain, args.do_bench,
-                               measured))
-    if args.dry_run:
-        return 0
-    write_table(args.table, *provenance(data["measured"], tables, measured))
-    print(f"rewrote {args.table}", file=sys.stderr)
+    rows = [(op, row) for op in ops for row in tables[op] if set(row["dtypes"].split(",")) & dtypes]
+    jobs = [(op, dtype, points, [c.to_json() for c in cands]) for op, row in rows
+            for dtype, points, cands in [_plan(row)]]
+    jobs.sort(key=lambda job: -len(job[2]) * len(job[3]))  # the longest first, so that none is left to run alone
+    precompile(jobs, args.processes)
+    for op in ops:
+        before, done = tables[op], []
+        for row in tune(op, before, device, dtypes, args.min_gain, args.do_bench, measured, args.top):
+            done.append(row)
+            tables[op] = done + before[len(done):]
+            if not args.dry_run and "measured" in row:  # after each row: a run stopped part way keeps what it measured
+                write_table(args.table, *provenance(data["measured"], tables, measured))
+        print(f"{op}: done" + ("" if args.dry_run else f", {args.table} rewritten"), file=sys.stderr, flush=True)
     return 0
 
 
