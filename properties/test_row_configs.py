@@ -138,12 +138,17 @@ def test_table_file_round_trips():
             assert RowConfig.from_json(row.config.to_json()) == row.config
 
 
-def test_a_partial_tuning_run_stamps_the_rows_it_measured(tmp_path):
-    """tune_rows.py's table after a run: the header says where every row was measured only where the
-    run measured them all; a partial run's rows carry their own stamp, and the table still loads."""
+def _tune_rows():
     spec = importlib.util.spec_from_file_location("tune_rows", _TUNE_ROWS)
     tune_rows = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune_rows)
+    return tune_rows
+
+
+def test_a_partial_tuning_run_stamps_the_rows_it_measured(tmp_path):
+    """tune_rows.py's table after a run: the header says where every row was measured only where the
+    run measured them all; a partial run's rows carry their own stamp, and the table still loads."""
+    tune_rows = _tune_rows()
     old, new = {"device": "before", "torch": "-", "triton": "-", "date": "-"}, {**_tuning.MEASURED, "date": "now"}
     config = RowConfig(kernel="whole", warps=4).to_json()
     tables = {"softmax": [{"dtypes": "bf16", "rows": [1, None], "n": [1, None], "config": config, "measured": new},
@@ -161,9 +166,7 @@ def test_a_partial_tuning_run_stamps_the_rows_it_measured(tmp_path):
 def test_a_tuning_run_confirms_the_fastest_screened_and_keeps_a_config_unless_beaten_everywhere():
     """tune_rows.py's two choices: which candidates the screen sends on (the least geometric mean over
     the row's shapes, never one that failed at a shape), and which one replaces the row's config."""
-    spec = importlib.util.spec_from_file_location("tune_rows", _TUNE_ROWS)
-    tune_rows = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune_rows)
+    tune_rows = _tune_rows()
     inf = float("inf")
     screened = [[10.0, 5.0, 9.0, 1.0, 8.0], [10.0, 5.0, 9.0, inf, 12.0]]  # per shape: the row's own config first
     assert tune_rows.finalists(screened, 2) == [0, 1, 2]
@@ -171,6 +174,38 @@ def test_a_tuning_run_confirms_the_fastest_screened_and_keeps_a_config_unless_be
     assert tune_rows.pick([[10.0, 9.0, 8.0], [10.0, 9.0, 10.0]], 0.02) == 1  # 2 ties the row's config at one shape
     assert tune_rows.pick([[10.0, 9.9], [10.0, 9.0]], 0.02) == 0  # within the gain at one shape: kept
     assert tune_rows.pick([[10.0, 9.0, 8.0], [10.0, 9.0, 8.5]], 0.02) == 2
+
+
+def test_a_tuning_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    """The table is rewritten after each row: a run stopped in its third row has stamped two."""
+    import json
+    import shutil
+
+    import torch
+
+    tune_rows = _tune_rows()
+    table = tmp_path / "t.json"
+    shutil.copy(_tuning.TABLE_FILE, table)
+    ranked: list[int] = []
+    finalists = tune_rows.finalists
+
+    def stop_in_the_third_row(times, top):
+        ranked.append(1)
+        if len(ranked) == 3:
+            raise KeyboardInterrupt
+        return finalists(times, top)
+
+    monkeypatch.setattr(tune_rows, "finalists", stop_in_the_third_row)
+    monkeypatch.setattr(tune_rows, "screen", lambda op, dtype, rows, n, configs, device: [1.0] * len(configs))
+    monkeypatch.setattr(tune_rows, "measure", lambda op, dtype, rows, n, configs, *a, **k: [1.0] * len(configs))
+    monkeypatch.setattr(tune_rows, "precompile", lambda jobs, processes: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stand-in")
+    with pytest.raises(KeyboardInterrupt):
+        tune_rows.main(["--ops", "softmax", "--table", str(table)])
+    rows = json.loads(table.read_text())["ops"]["softmax"]
+    assert [("measured" in row) for row in rows[:3]] == [True, True, False]
+    assert rows[0]["measured"]["device"] == "a stand-in" and _tuning.load_tables(table)
 
 
 def test_split_grids_fit_the_sms():
