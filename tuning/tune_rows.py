@@ -134,8 +134,9 @@ def _module(op: str) -> Any:
     return importlib.import_module(f"fuseaudit.kernels.{family}")
 
 
-def _time(fns: list[Callable[[], Any]], do_bench: bool) -> list[float]:
-    """Microseconds per call of each of ``fns`` (inf for one that raised)."""
+def _time(fns: list[Callable[[], Any]], do_bench: bool, **rounds: Any) -> list[float]:
+    """Microseconds per call of each of ``fns`` (inf for one that raised); ``rounds``: options of
+    ``time_events_rounds`` (default: 3 rounds)."""
     if do_bench:
         import triton.testing
 
@@ -149,7 +150,7 @@ def _time(fns: list[Callable[[], Any]], do_bench: bool) -> list[float]:
     from fuseaudit.timing import time_events_rounds
 
     return [t.median_us if not isinstance(t, Exception) else float("inf")  # type: ignore[union-attr]
-            for t in time_events_rounds(fns, rounds=3)]
+            for t in time_events_rounds(fns, **{"rounds": 3, **rounds})]
 
 
 def _first(out: Any) -> Any:
@@ -188,15 +189,8 @@ def measure(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: 
 
 def screen(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: str) -> list[float]:
     """µs of each config at one shape, from a few repeats each (inf for one that raised): a ranking, not a verdict."""
-    from fuseaudit.timing import time_events
-
-    out = []
-    for call in _calls(op, dtype, rows, n, configs, device):
-        try:
-            out.append(time_events(call, warmup=1, target_seconds=0.003, min_repeats=3, max_repeats=20).median_us)
-        except Exception:  # a candidate that does not compile or launch loses
-            out.append(float("inf"))
-    return out
+    return _time(_calls(op, dtype, rows, n, configs, device), False, rounds=1, warmup=1, target_seconds=0.003,
+                 min_repeats=3, max_repeats=20)
 
 
 def finalists(times: list[list[float]], top: int) -> list[int]:
