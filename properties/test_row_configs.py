@@ -176,8 +176,28 @@ def test_a_tuning_run_confirms_the_fastest_screened_and_keeps_a_config_unless_be
     assert tune_rows.pick([[10.0, 9.0, 8.0], [10.0, 9.0, 8.5]], 0.02) == 2
 
 
+def test_the_screen_drops_a_candidate_at_the_first_shape_it_loses(monkeypatch):
+    """A candidate screened no faster than the row's config at a shape is not screened at the smaller
+    ones (it cannot win at every shape); the largest shape is screened first."""
+    tune_rows = _tune_rows()
+    at = {(64, 4096): [10.0, 9.0, 11.0, 8.0], (64, 1024): [5.0, 4.0, 1.0, 6.0], (8, 1024): [2.0, 1.0, 1.0, 1.0]}
+    asked: list[tuple[tuple[int, int], list[str]]] = []
+
+    def screen(op, dtype, rows, n, configs, device):
+        asked.append(((rows, n), configs))
+        return [at[rows, n][int(c)] for c in configs]
+
+    monkeypatch.setattr(tune_rows, "screen", screen)
+    inf = float("inf")
+    times = tune_rows.screen_row("softmax", "bf16", [(8, 1024), (64, 1024), (64, 4096)], list("0123"), "cpu")
+    assert asked == [((64, 4096), list("0123")), ((64, 1024), list("013")), ((8, 1024), list("01"))]
+    assert times == [[2.0, 1.0, inf, inf], [5.0, 4.0, inf, 6.0], [10.0, 9.0, 11.0, 8.0]]
+    assert tune_rows.finalists(times, 3) == [0, 1]
+
+
 def test_a_tuning_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypatch):
-    """The table is rewritten after each row: a run stopped in its third row has stamped two."""
+    """The table is rewritten after each row: a run stopped in its third row has stamped two, and a
+    second run, on any day, goes on from the third (``--again``: from the first)."""
     import json
     import shutil
 
@@ -206,6 +226,19 @@ def test_a_tuning_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monk
     rows = json.loads(table.read_text())["ops"]["softmax"]
     assert [("measured" in row) for row in rows[:3]] == [True, True, False]
     assert rows[0]["measured"]["device"] == "a stand-in" and _tuning.load_tables(table)
+    doc = json.loads(table.read_text())  # run again on a later day: the stamped rows are neither compiled
+    earlier = {**rows[0]["measured"], "date": "2000-01-01"}  # nor measured, the rest are
+    doc["ops"]["softmax"][:2] = [{**row, "measured": earlier} for row in rows[:2]]
+    table.write_text(json.dumps(doc))
+    jobs: list[list] = []
+    monkeypatch.setattr(tune_rows, "finalists", finalists)
+    monkeypatch.setattr(tune_rows, "precompile", lambda todo, processes: jobs.append(todo))
+    assert tune_rows.main(["--ops", "softmax", "--table", str(table)]) == 0
+    assert len(jobs[0]) == len(rows) - 2 and len(ranked) == 3
+    stamps = [row.get("measured") for row in json.loads(table.read_text())["ops"]["softmax"]]
+    assert stamps == [earlier] * 2 + [rows[0]["measured"]] * (len(rows) - 2)
+    assert tune_rows.main(["--ops", "softmax", "--table", str(table), "--again"]) == 0
+    assert len(jobs[1]) == len(rows)
 
 
 def test_split_grids_fit_the_sms():

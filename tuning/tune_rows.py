@@ -12,10 +12,11 @@ candidate configs (the row's own, and a generated space around it, pruned by
 1. **compile**: every candidate runs once at every shape in ``--processes``
    spawned processes, filling Triton's cache (the compiles, not the GPU, are
    most of a cold run's time);
-2. **screen**: every candidate is timed once, briefly, at every shape
-   (:func:`screen`), and the ``--top`` fastest by geometric mean over the
-   row's shapes go on;
-3. **confirm**: those and the row's own config are checked against the
+2. **screen**: every candidate is timed once, briefly, at the row's largest
+   shape, then at each smaller one those still faster than the row's config
+   (:func:`screen_row`: one slower at a shape cannot win at every shape), and
+   the ``--top`` fastest by geometric mean over the row's shapes go on;
+3. **confirm**: those (if any is left) and the row's own config are checked against the
    row's output and timed at every shape in interleaved rounds (event time
    after an L2 flush, ``fuseaudit.timing.time_events_rounds``, or
    ``triton.testing.do_bench`` with ``--do-bench``).
@@ -25,10 +26,14 @@ of the row by more than ``--min-gain`` (:func:`pick`).  The table is written
 after each row with where and when it was measured: in its header where the
 run measured every row, else as a stamp on each row it measured
 (``--ops``/``--dtypes`` split a run into parts; each part's rows say where
-they were measured).  A ``--points`` file has one ``op dtype rows N[/stride]``
-a line (``#`` starts a comment; ``/stride``: rows sliced from ``(rows,
-stride)``, to tell a row alignment's effect from the width's), and prints the
-candidates' times at each point beside ``torch.compile``'s and a device copy's.
+they were measured).  A row already stamped by a run on the same device, with
+the same versions and method, is not measured again (``--again`` measures it),
+so a run that was cut short goes on where it stopped, on any later day.
+
+A ``--points`` file has one ``op dtype rows N[/stride]`` a line (``#`` starts
+a comment; ``/stride``: rows sliced from ``(rows, stride)``, to tell a row
+alignment's effect from the width's), and prints the candidates' times at each
+point beside ``torch.compile``'s and a device copy's.
 
 The table format is :func:`write_table`'s; ``kernels/_tuning.py`` reads it.
 """
@@ -44,6 +49,7 @@ import math
 import os
 import pathlib
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -193,6 +199,21 @@ def screen(op: str, dtype: str, rows: int, n: int, configs: list[Any], device: s
                  min_repeats=3, max_repeats=20)
 
 
+def screen_row(op: str, dtype: str, points: list[tuple[int, int]], configs: list[Any], device: str
+               ) -> list[list[float]]:
+    """:func:`screen` at each of ``points``, the largest first; a candidate screened no faster than the row's
+    own config (index 0) at a shape is not screened at the rest (it cannot win at every shape): inf there."""
+    alive, by_point = list(range(len(configs))), {}
+    for point in sorted(points, key=lambda p: -p[0] * p[1]):
+        times = [math.inf] * len(configs)
+        if len(alive) > 1:
+            for i, t in zip(alive, screen(op, dtype, *point, [configs[i] for i in alive], device)):
+                times[i] = t
+            alive = [0, *(i for i in alive[1:] if times[i] < times[0])]
+        by_point[point] = times
+    return [by_point[p] for p in points]
+
+
 def finalists(times: list[list[float]], top: int) -> list[int]:
     """Index 0 (the row's own config) and the ``top`` other candidates with the least geometric mean of
     their time over the current config's, across the shapes ``times`` holds (one list per shape)."""
@@ -246,7 +267,6 @@ def _compile_job(job: tuple[str, str, list[tuple[int, int]], list[dict[str, Any]
 def precompile(jobs: list[tuple[str, str, list[tuple[int, int]], list[dict[str, Any]]]], processes: int) -> None:
     """Compile every ``(op, dtype, shapes, configs)`` job in ``processes`` spawned processes before any timing."""
     import multiprocessing
-    import time
 
     if processes < 1 or not jobs:
         return
@@ -285,19 +305,30 @@ def _plan(row: dict[str, Any]) -> tuple[str, list[tuple[int, int]], list[Any]]:
                                      4 if dtype == "fp32" else 2)
 
 
-def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, dtypes: set[str], min_gain: float,
-         do_bench: bool, measured: dict[str, Any], top: int) -> Iterator[dict[str, Any]]:
+def measured_alike(stamp: dict[str, Any] | None, measured: dict[str, Any]) -> bool:
+    """Whether a row's ``stamp`` says it was measured as this run measures (its date aside)."""
+    drop = {"date"}
+    return stamp is not None and {k: v for k, v in stamp.items() if k not in drop} == \
+        {k: v for k, v in measured.items() if k not in drop}
+
+
+def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, todo: Callable[[dict[str, Any]], bool],
+         min_gain: float, do_bench: bool, measured: dict[str, Any], top: int) -> Iterator[dict[str, Any]]:
     """The table's rows with each config replaced by the fastest candidate where it wins at every shape;
-    each row measured is stamped ``measured``."""
+    each row measured (those ``todo`` holds) is stamped ``measured``."""
     for row in rows_of_table:
-        if not set(row["dtypes"].split(",")) & dtypes:
+        if not todo(row):
             yield row
             continue
+        start = time.monotonic()
         dtype, points, cands = _plan(row)
-        kept = finalists([screen(op, dtype, r, n, cands, device) for r, n in points], top)
-        times = [measure(op, dtype, r, n, [cands[i] for i in kept], device, do_bench) for r, n in points]
-        best = cands[kept[pick(times, min_gain)]]
-        print(f"{op} {row['dtypes']} rows {row['rows']} N {row['n']}: {len(cands)} candidates, "
+        kept = finalists(screen_row(op, dtype, points, cands, device), top)
+        best = cands[0]
+        if len(kept) > 1:  # some candidate screened faster than the row's config at every shape: confirm
+            times = [measure(op, dtype, r, n, [cands[i] for i in kept], device, do_bench) for r, n in points]
+            best = cands[kept[pick(times, min_gain)]]
+        print(f"{op} {row['dtypes']} rows {row['rows']} N {row['n']}: {len(cands)} candidates, {len(kept) - 1} "
+              f"confirmed, {time.monotonic() - start:.1f} s, "
               + ("kept" if best is cands[0] else f"-> {best.to_json()}"), file=sys.stderr, flush=True)
         yield {**row, "config": best.to_json(), "measured": measured}
 
@@ -339,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", type=pathlib.Path, default=TABLE, help="the table file to read and rewrite")
     parser.add_argument("--min-gain", type=float, default=0.02, help="a candidate must be this much faster (0.02: 2%%)")
     parser.add_argument("--do-bench", action="store_true", help="time with triton.testing.do_bench")
+    parser.add_argument("--again", action="store_true",
+                        help="measure rows a run like this one (device, versions, method) has measured before")
     parser.add_argument("--dry-run", action="store_true", help="measure and print; leave the table as it is")
     parser.add_argument("--points", type=pathlib.Path, help="time the candidates at these shapes only (see above)")
     parser.add_argument("--top", type=int, default=3, help="candidates a row confirms after the screen (default 3)")
@@ -366,14 +399,18 @@ def main(argv: list[str] | None = None) -> int:
                 "triton": triton.__version__, "date": datetime.date.today().isoformat(),
                 "method": f"every candidate screened, the {args.top} fastest confirmed by {timing}",
                 "by": "tuning/tune_rows.py"}
-    rows = [(op, row) for op in ops for row in tables[op] if set(row["dtypes"].split(",")) & dtypes]
+    def todo(row: dict[str, Any]) -> bool:
+        return bool(set(row["dtypes"].split(",")) & dtypes) and (args.again or not measured_alike(
+            row.get("measured"), measured))
+
+    rows = [(op, row) for op in ops for row in tables[op] if todo(row)]
     jobs = [(op, dtype, points, [c.to_json() for c in cands]) for op, row in rows
             for dtype, points, cands in [_plan(row)]]
     jobs.sort(key=lambda job: -len(job[2]) * len(job[3]))  # the longest first, so that none is left to run alone
     precompile(jobs, args.processes)
     for op in ops:
         before, done = tables[op], []
-        for row in tune(op, before, device, dtypes, args.min_gain, args.do_bench, measured, args.top):
+        for row in tune(op, before, device, todo, args.min_gain, args.do_bench, measured, args.top):
             done.append(row)
             tables[op] = done + before[len(done):]
             if not args.dry_run and "measured" in row:  # after each row: a run stopped part way keeps what it measured
