@@ -48,6 +48,11 @@ class Split:
     per_sm: int = 0
 
 
+def _changed(split: Split) -> dict[str, int]:
+    """A split's fields that differ from their defaults (``{}``: the split with every default)."""
+    return {f.name: getattr(split, f.name) for f in fields(split) if getattr(split, f.name) != f.default}
+
+
 @dataclass(frozen=True)
 class RowConfig:
     """One launch of a row kernel; the fields a kernel does not take keep their defaults.
@@ -89,7 +94,7 @@ class RowConfig:
         for f in fields(self)[2:]:
             value = getattr(self, f.name)
             if value != f.default:
-                out[f.name] = vars(value) if isinstance(value, Split) else value
+                out[f.name] = _changed(value) if isinstance(value, Split) else value
         return out
 
     @classmethod
