@@ -52,6 +52,7 @@ def test_every_config(fuseaudit_device, dtype, head_dim):
 def test_every_warp_specialized_config(fuseaudit_device, dtype):
     """Each config of the Hopper warp-specialised kernel (non-causal), ragged queries and grouped-query (GPU)."""
     import torch
+
     from fuseaudit.kernels import attention as attn
 
     if torch.cuda.get_device_capability()[0] != 9 or not attn._hopper_warp_specialization():
@@ -73,6 +74,7 @@ def test_every_warp_specialized_config(fuseaudit_device, dtype):
 
 def test_configs_offered_per_shape():
     import torch
+
     from fuseaudit.kernels import attention as attn
 
     def offered(block_d, dtype, keys):

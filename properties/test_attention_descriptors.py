@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from fuseaudit.kernels import attention as attn
 
 
@@ -63,11 +64,10 @@ def test_warp_specialized_path(fuseaudit_device: str, monkeypatch: pytest.Monkey
     The interpreter runs the same kernel, so the CPU checks its arithmetic;
     the GPU run checks what the compiler made of it.
     """
-    from fuseaudit.kernels._rows import interpreting
-
     from fuseaudit.case import Case, materialize
     from fuseaudit.catalog import OPS
     from fuseaudit.check import run_case
+    from fuseaudit.kernels._rows import interpreting
 
     if fuseaudit_device != "cpu" and (
         torch.cuda.get_device_capability()[0] != 9 or not attn._hopper_warp_specialization()

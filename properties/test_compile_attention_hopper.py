@@ -1,6 +1,6 @@
 """The Gluon attention kernel for Hopper compiles for sm_90 without a GPU.
 
-``kernels/attention_hopper.py`` never runs under the interpreter (Gluon has
+``fuseaudit/kernels/attention_hopper.py`` never runs under the interpreter (Gluon has
 none), so CPU runs would not notice a kernel the compiler rejects, or a Gluon
 API that moved in the installed Triton (the bulk-copy names did between 3.6
 and 3.9).  This compiles it to PTX and cubin for sm_90, causal and not, and

@@ -8,7 +8,7 @@ so code the compiler rejects passes every CPU test and first fails on a GPU.
 variable then defined under ``if flag:`` does not exist after it: that came
 up once, on the H200.)  This compiles each row kernel to PTX and cubin for
 sm_90 with the bundled ``ptxas``, for the launch of every row of every
-table (``kernels/tuning_h200.json``), as the wrappers plan it, and for
+table (``fuseaudit/kernels/tuning_h200.json``), as the wrappers plan it, and for
 row widths that are not multiples of 16 elements.  It runs in a subprocess: the kernels must be imported without
 ``TRITON_INTERPRET``.
 """
@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent(
     for module in set(MODULES.values()):  # meta tensors stand in for CUDA ones: the plans are built, not launched
         module.check_tensors = lambda *args, **kwargs: None
     POINTERS = ("X", "R", "W", "B", "Y", "H")
-    WORKSPACE = {"Part": "*fp32", "Count": "*i32"}  # the cooperative kernels' (kernels/_coop.py)
+    WORKSPACE = {"Part": "*fp32", "Count": "*i32"}  # the cooperative kernels' (fuseaudit/kernels/_coop.py)
     LAUNCH_OPTIONS = ("num_warps", "launch_cooperative_grid")
     # not multiples of 16 elements, rows 16-byte aligned in half precision: whole rows (3000) and looped (9000, 20008)
     UNALIGNED = (3000, 9000, 20008)

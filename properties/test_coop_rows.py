@@ -1,7 +1,7 @@
 """The cooperative path of the row-wise kernels: a few wide rows, each split over several programs.
 
 At decode sizes a wide row is split over ``SPLITS`` programs of one
-cooperative launch (``kernels/_coop.py``); each publishes a partial of its
+cooperative launch (``fuseaudit/kernels/_coop.py``); each publishes a partial of its
 chunk and merges the row's.  CI's rows are far narrower than those the
 tables split, so these tests give every table row a split, lower the chunk
 to 16 bytes, and (under the interpreter) count 16 SMs: every row of a few
@@ -54,6 +54,7 @@ def split_small_rows() -> Iterator[None]:
 
 def _coop_blocks(case: Case, element_size: int, device: str):
     import torch
+
     from fuseaudit.kernels import _coop
     from fuseaudit.kernels._tuning import Split
 
@@ -131,6 +132,7 @@ def test_coop_statistics(op, regime, fuseaudit_device):
 def test_coop_softmax_special_values(fuseaudit_device, special_logit_rows):
     """NaN, +inf, -inf and all -inf rows, and a row whose chunks are all -inf but one: as float64 has them."""
     import torch
+
     from fuseaudit.kernels import softmax
 
     spec = OPS["softmax"]
@@ -148,6 +150,7 @@ def test_coop_softmax_special_values(fuseaudit_device, special_logit_rows):
 def test_coop_constant_rows_are_exact(fuseaudit_device):
     """A constant row normalises to exactly ``b`` (layer_norm) and exactly ``x * rsqrt(x^2 + eps) * w`` (rms_norm)."""
     import torch
+
     from fuseaudit.kernels import layer_norm
 
     with split_small_rows():
@@ -163,6 +166,7 @@ def test_coop_constant_rows_are_exact(fuseaudit_device):
 def test_coop_can_be_turned_off():
     """With ``FUSEAUDIT_COOP=0`` (``_coop.ENABLED``) every row keeps one program, whatever the table says."""
     import torch
+
     from fuseaudit.kernels import _coop, _launch
     from fuseaudit.kernels._tuning import Split
 
@@ -197,6 +201,7 @@ def test_coop_counters_wrap_and_replay(fuseaudit_device):
     fresh launch's, no hang).
     """
     import torch
+
     from fuseaudit.kernels import _coop, layer_norm
 
     x = torch.randn(8, 65536, device="cuda")
@@ -275,6 +280,7 @@ def test_many_rows_split(op, fuseaudit_device):
 def test_interpreter_splits_a_row_into_few_chunks():
     """Under the interpreter each program computes every chunk's partial, so a row there takes few chunks."""
     import torch
+
     from fuseaudit.kernels import _coop
     from fuseaudit.kernels._tuning import Split
 

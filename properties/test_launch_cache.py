@@ -1,9 +1,10 @@
-"""The plans of ``kernels/_launch.py``: same results as Triton's own path, never kept under the interpreter."""
+"""The plans of ``fuseaudit/kernels/_launch.py``: the same results as Triton's own path, never kept when interpreted."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
 from fuseaudit.kernels import _launch
 from fuseaudit.kernels.rms_norm import add_rms_norm, rms_norm
 

@@ -3,7 +3,7 @@
 Half-precision rows that a program takes alone get ``var = E[d^2] - E[d]^2``
 with ``d = x - x0`` (one reduction), unless ``x0`` sits more than 4 standard
 deviations from the mean, where that cancels and the kernel takes the exact
-second reduction (see ``kernels/layer_norm.py``).  These rows sit on both
+second reduction (see ``fuseaudit/kernels/layer_norm.py``).  These rows sit on both
 sides of that switch and far past it; each must meet the tolerance policy,
 and a constant row must give exactly the bias.  On a GPU, rows this wide are
 one a program anyway; under the interpreter the tile is lowered to one row.

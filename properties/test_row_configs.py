@@ -1,4 +1,4 @@
-"""The row ops' launch tables (``kernels/tuning_h200.json``): total, disjoint, and every config correct.
+"""The row ops' launch tables (``fuseaudit/kernels/tuning_h200.json``): total, disjoint, and every config correct.
 
 Each table row maps a dtype, a range of row counts and a range of widths to
 a :class:`~fuseaudit.kernels._tuning.RowConfig`.  The look-up must find
@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fuseaudit.kernels import _coop, _launch, _tuning
-from fuseaudit.kernels._tuning import RowConfig, Split, TableRow
 
 from fuseaudit.case import Case
 from fuseaudit.catalog import OPS
 from fuseaudit.check import run_case
+from fuseaudit.kernels import _coop, _launch, _tuning
+from fuseaudit.kernels._tuning import RowConfig, Split, TableRow
 
 _TUNE_ROWS = Path(__file__).resolve().parent.parent / "tuning" / "tune_rows.py"
 ROW_OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")

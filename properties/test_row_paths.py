@@ -1,6 +1,6 @@
 """Correctness of the row kernels' code paths, each forced from the launch table on small shapes.
 
-``test_row_configs.py`` runs every config of ``kernels/tuning_h200.json``
+``test_row_configs.py`` runs every config of ``fuseaudit/kernels/tuning_h200.json``
 once; this file runs the paths those configs select on the inputs each path
 treats in its own code: softmax's tiny outputs and special values in whole
 rows, rows with a tail block, looped rows and looped rows in lanes; weight
@@ -21,15 +21,15 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from fuseaudit.kernels import _tuning
-from fuseaudit.kernels._rows import row_alignment, row_layout
-from fuseaudit.kernels._tuning import RowConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuseaudit.case import Case, materialize
 from fuseaudit.catalog import OPS
 from fuseaudit.check import run_case
+from fuseaudit.kernels import _tuning
+from fuseaudit.kernels._rows import row_alignment, row_layout
+from fuseaudit.kernels._tuning import RowConfig
 from fuseaudit.strategies import cases
 from fuseaudit.tolerance import compare
 

@@ -1,4 +1,4 @@
-"""Measure the row ops' launch configs on a GPU and rewrite their table (``kernels/tuning_h200.json``).
+"""Measure the row ops' launch configs on a GPU and rewrite their table (``fuseaudit/kernels/tuning_h200.json``).
 
     python tuning/tune_rows.py                      # every op, every table row; rewrites the table
     python tuning/tune_rows.py --ops softmax --dry-run
@@ -35,7 +35,7 @@ a comment; ``/stride``: rows sliced from ``(rows, stride)``, to tell a row
 alignment's effect from the width's), and prints the candidates' times at each
 point beside ``torch.compile``'s and a device copy's.
 
-The table format is :func:`write_table`'s; ``kernels/_tuning.py`` reads it.
+The table format is :func:`write_table`'s; ``fuseaudit/kernels/_tuning.py`` reads it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TABLE = ROOT / "kernels" / "tuning_h200.json"
+TABLE = ROOT / "fuseaudit" / "kernels" / "tuning_h200.json"
 OPS = ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm", "softmax")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 # Shapes a table row is measured at are capped so that a run stays within minutes.
@@ -336,9 +336,9 @@ def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, todo: Callab
 def print_points(path: pathlib.Path, device: str, do_bench: bool) -> None:
     """For each ``op dtype rows N[/stride]`` line, the table's config and its candidates, µs, and torch.compile's."""
     import torch
-    from fuseaudit.kernels._tuning import row_config
 
     from fuseaudit.catalog import OPS as SPECS
+    from fuseaudit.kernels._tuning import row_config
 
     for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()

@@ -881,7 +881,7 @@ GLUON_CAUSAL_MIN_KEYS = 1024
 
 def _gluon_scope(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decode: bool, *, causal: bool,
                  scale: float) -> bool:
-    """Whether a call is in the Gluon kernel's scope (``kernels/attention_hopper.py``), device aside.
+    """Whether a call is in the Gluon kernel's scope (``fuseaudit/kernels/attention_hopper.py``), device aside.
 
     Half-precision prefill at ``D = 128`` with at least ``WS_MIN_QUERIES``
     queries and a key, ``scale >= 0``, and q, k and v readable by the copy
