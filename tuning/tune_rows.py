@@ -307,9 +307,7 @@ def _plan(row: dict[str, Any]) -> tuple[str, list[tuple[int, int]], list[Any]]:
 
 def measured_alike(stamp: dict[str, Any] | None, measured: dict[str, Any]) -> bool:
     """Whether a row's ``stamp`` says it was measured as this run measures (its date aside)."""
-    drop = {"date"}
-    return stamp is not None and {k: v for k, v in stamp.items() if k not in drop} == \
-        {k: v for k, v in measured.items() if k not in drop}
+    return stamp is not None and {**stamp, "date": None} == {**measured, "date": None}
 
 
 def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, todo: Callable[[dict[str, Any]], bool],
@@ -413,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in tune(op, before, device, todo, args.min_gain, args.do_bench, measured, args.top):
             done.append(row)
             tables[op] = done + before[len(done):]
-            if not args.dry_run and "measured" in row:  # after each row: a run stopped part way keeps what it measured
+            if not args.dry_run and todo(before[len(done) - 1]):  # after each row measured: a cut run keeps it
                 write_table(args.table, *provenance(data["measured"], tables, measured))
         print(f"{op}: done" + ("" if args.dry_run else f", {args.table} rewritten"), file=sys.stderr, flush=True)
     return 0
