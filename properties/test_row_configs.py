@@ -195,13 +195,22 @@ def test_the_screen_drops_a_candidate_at_the_first_shape_it_loses(monkeypatch):
     assert tune_rows.finalists(times, 3) == [0, 1]
 
 
+def _stand_in_gpu(monkeypatch, tune_rows) -> None:
+    """tune_rows.py on a stand-in device whose every candidate times 1 µs, with nothing compiled."""
+    import torch
+
+    monkeypatch.setattr(tune_rows, "screen", lambda op, dtype, rows, n, configs, device: [1.0] * len(configs))
+    monkeypatch.setattr(tune_rows, "measure", lambda op, dtype, rows, n, configs, *a, **k: [1.0] * len(configs))
+    monkeypatch.setattr(tune_rows, "precompile", lambda jobs, processes: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stand-in")
+
+
 def test_a_tuning_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypatch):
     """The table is rewritten after each row: a run stopped in its third row has stamped two, and a
     second run, on any day, goes on from the third (``--again``: from the first)."""
     import json
     import shutil
-
-    import torch
 
     tune_rows = _tune_rows()
     table = tmp_path / "t.json"
@@ -216,11 +225,7 @@ def test_a_tuning_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monk
         return finalists(times, top)
 
     monkeypatch.setattr(tune_rows, "finalists", stop_in_the_third_row)
-    monkeypatch.setattr(tune_rows, "screen", lambda op, dtype, rows, n, configs, device: [1.0] * len(configs))
-    monkeypatch.setattr(tune_rows, "measure", lambda op, dtype, rows, n, configs, *a, **k: [1.0] * len(configs))
-    monkeypatch.setattr(tune_rows, "precompile", lambda jobs, processes: None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stand-in")
+    _stand_in_gpu(monkeypatch, tune_rows)
     with pytest.raises(KeyboardInterrupt):
         tune_rows.main(["--ops", "softmax", "--table", str(table)])
     rows = json.loads(table.read_text())["ops"]["softmax"]
@@ -239,6 +244,51 @@ def test_a_tuning_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monk
     assert stamps == [earlier] * 2 + [rows[0]["measured"]] * (len(rows) - 2)
     assert tune_rows.main(["--ops", "softmax", "--table", str(table), "--again"]) == 0
     assert len(jobs[1]) == len(rows)
+
+
+def test_a_tuning_run_at_points_measures_only_the_rows_that_hold_them(tmp_path, monkeypatch):
+    """``--at FILE`` measures the table rows that hold its shapes, stamped before or not, and no other."""
+    import json
+    import shutil
+
+    tune_rows = _tune_rows()
+    table = tmp_path / "t.json"
+    shutil.copy(_tuning.TABLE_FILE, table)
+    rows = json.loads(table.read_text())["ops"]["softmax"]
+    wide = next(i for i, row in enumerate(rows) if "fp32" in row["dtypes"] and (row["n"][1] or 1 << 40) > 16384)
+    r, n = rows[wide]["rows"][0], rows[wide]["n"][0]
+    (tmp_path / "at.txt").write_text(f"# a flagged point\nsoftmax fp32 {r} {n}\n")
+    _stand_in_gpu(monkeypatch, tune_rows)
+    jobs: list[list] = []
+    monkeypatch.setattr(tune_rows, "precompile", lambda todo, processes: jobs.append(todo))
+    for _ in range(2):  # the second time its row is stamped alike: measured all the same
+        assert tune_rows.main(["--at", str(tmp_path / "at.txt"), "--table", str(table)]) == 0
+        stamped = [i for i, row in enumerate(json.loads(table.read_text())["ops"]["softmax"])
+                   if (row.get("measured") or {}).get("device") == "a stand-in"]
+        assert stamped == [wide] and [job[:2] for job in jobs[-1]] == [("softmax", "fp32")]
+    (tmp_path / "bad.txt").write_text("softmax fp8 1 1024\n")
+    with pytest.raises(SystemExit, match=r"bad\.txt:1"):
+        tune_rows.main(["--at", str(tmp_path / "bad.txt"), "--table", str(table)])
+
+
+def test_a_row_is_measured_at_its_ends_and_middles_within_the_element_cap():
+    """A table row's shapes: its ranges' ends and middles, inside the row, no shape past MAX_ELEMENTS, the
+    large end reached where rows times the width fit, and an aligned width where the row has one."""
+    tune_rows = _tune_rows()
+    for op, table in _tuning.TABLES.items():
+        for row in table:
+            doc = {"rows": [row.min_rows, row.max_rows], "n": [row.min_n, row.max_n]}
+            points = tune_rows.shapes(doc)
+            assert 1 <= len(points) <= 9 and len(set(points)) == len(points), (op, doc)
+            for rows, n in points:
+                assert row.holds(next(iter(row.dtypes)), rows, n), (op, doc, rows, n)
+                assert rows * n <= tune_rows.MAX_ELEMENTS or rows == row.min_rows, (op, doc, rows, n)
+            widest = max(n for _, n in points)
+            top = min(row.max_rows or tune_rows.MAX_ROWS, tune_rows.MAX_ROWS, tune_rows.MAX_ELEMENTS // widest)
+            assert (max(top, row.min_rows), widest) in points, (op, doc)
+            hi = min(row.max_n or tune_rows.MAX_N, max(row.min_n, tune_rows.MAX_N))
+            if hi // tune_rows.ALIGNED * tune_rows.ALIGNED >= row.min_n:
+                assert any(n % tune_rows.ALIGNED == 0 for _, n in points), (op, doc, points)
 
 
 def test_split_grids_fit_the_sms():

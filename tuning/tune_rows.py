@@ -3,9 +3,10 @@
     python tuning/tune_rows.py                      # every op, every table row; rewrites the table
     python tuning/tune_rows.py --ops softmax --dry-run
     python tuning/tune_rows.py --points points.txt  # time candidates at given shapes, print, change nothing
+    python tuning/tune_rows.py --at points.txt      # measure again the table rows that hold these shapes
 
 For each row of an op's table (a dtype, a range of row counts and a range of
-widths) it takes a few shapes inside the row's ranges and builds the
+widths) it takes up to nine shapes inside the row's ranges (:func:`shapes`) and builds the
 candidate configs (the row's own, and a generated space around it, pruned by
 :func:`keep`).  Three steps, so that a whole table fits in minutes of GPU time:
 
@@ -33,7 +34,9 @@ so a run that was cut short goes on where it stopped, on any later day.
 A ``--points`` file has one ``op dtype rows N[/stride]`` a line (``#`` starts
 a comment; ``/stride``: rows sliced from ``(rows, stride)``, to tell a row
 alignment's effect from the width's), and prints the candidates' times at each
-point beside ``torch.compile``'s and a device copy's.
+point beside ``torch.compile``'s and a device copy's.  ``--at`` takes the same
+file and measures the table rows that hold its shapes (and only those, stamped
+or not): where a compare flagged a point, its row is measured again.
 
 The table format is :func:`write_table`'s; ``fuseaudit/kernels/_tuning.py`` reads it.
 """
@@ -61,6 +64,7 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 MAX_ROWS = 16384
 MAX_N = 131072
 MAX_ELEMENTS = 1 << 30
+ALIGNED = 128  # a row's middle width is a multiple of this many elements
 BLOCKS = (1024, 2048, 4096, 8192, 16384, 32768)
 WARPS = (4, 8, 16, 32)
 
@@ -102,17 +106,21 @@ def candidates(config: Any, n_max: int, element_size: int) -> list[Any]:
 
 
 def shapes(row: dict[str, Any]) -> list[tuple[int, int]]:
-    """A few ``(rows, N)`` inside a table row's ranges: its ends and middle, capped."""
+    """Up to 9 ``(rows, N)`` inside a table row's ranges: each range's ends and middle, capped.
+
+    The rows' middle is geometric.  The middle width is a multiple of :data:`ALIGNED` (as models' widths
+    are) while the ends are often odd (2**k - 1, 2**k + 1: rows not 16-byte aligned), and which config
+    wins can differ between the two.  A rows count past ``MAX_ELEMENTS`` at a width is lowered to fit,
+    so that a row's large end is measured where it fits rather than left out.
+    """
     r0, r1 = row["rows"]
     n0, n1 = row["n"]
     r1 = min(r1 or MAX_ROWS, MAX_ROWS)
     n1 = min(n1 or max(n0, MAX_N), max(n0, MAX_N))
-    out = []
-    for rows in sorted({r0, r1}):
-        for n in sorted({n0, (n0 + n1) // 2, n1}):
-            if rows * n <= MAX_ELEMENTS:
-                out.append((rows, n))
-    return out or [(r0, n0)]
+    middle = min(max(n0, (n0 + n1 + ALIGNED) // (2 * ALIGNED) * ALIGNED), n1)  # the nearest multiple
+    out = {(min(rows, max(r0, MAX_ELEMENTS // n)), n)
+           for n in (n0, middle, n1) for rows in (r0, math.isqrt(r0 * r1), r1)}
+    return sorted(out)
 
 
 def _inputs(op: str, dtype: str, rows: int, n: int, stride: int | None, device: str) -> dict[str, Any]:
@@ -331,6 +339,25 @@ def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, todo: Callab
         yield {**row, "config": best.to_json(), "measured": measured}
 
 
+def read_points(path: pathlib.Path) -> list[tuple[str, str, int, int, int | None]]:
+    """A points file's ``(op, dtype, rows, N, stride or None)``, one per ``op dtype rows N[/stride]`` line."""
+    out = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        try:
+            op, dtype, rows_text, n_text = fields
+            n, _, stride = n_text.partition("/")
+            if op not in OPS or dtype not in DTYPES:
+                raise ValueError
+            out.append((op, dtype, int(rows_text), int(n), int(stride) if stride else None))
+        except ValueError:
+            raise SystemExit(f"{path}:{number}: not 'op dtype rows N[/stride]' (op from {','.join(OPS)}, "
+                             f"dtype from {','.join(DTYPES)}): {line.strip()}") from None
+    return out
+
+
 def print_points(path: pathlib.Path, device: str, do_bench: bool) -> None:
     """For each ``op dtype rows N[/stride]`` line, the table's config and its candidates, µs, and torch.compile's."""
     import torch
@@ -338,23 +365,18 @@ def print_points(path: pathlib.Path, device: str, do_bench: bool) -> None:
     from fuseaudit.catalog import OPS as SPECS
     from fuseaudit.kernels._tuning import row_config
 
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        op, dtype, rows_text, n_text = line.split()[:4]
-        n, _, stride_text = n_text.partition("/")
-        rows, n_int, stride = int(rows_text), int(n), int(stride_text) if stride_text else None
+    for op, dtype, rows, n, stride in read_points(path):
         dt = getattr(torch, DTYPES[dtype])
-        current = row_config(op, dt, rows, n_int)
-        cands = candidates(current, n_int, dt.itemsize)
-        times = measure(op, dtype, rows, n_int, cands, device, do_bench, stride)
+        current = row_config(op, dt, rows, n)
+        cands = candidates(current, n, dt.itemsize)
+        times = measure(op, dtype, rows, n, cands, device, do_bench, stride)
         spec = SPECS[op]
-        inputs = _inputs(op, dtype, rows, n_int, stride, device)
+        inputs = _inputs(op, dtype, rows, n, stride, device)
         args = [inputs[name] for name in spec.input_names]
         compiled = torch.compile(spec.eager)
         base = _time([functools.partial(compiled, *args, **spec.defaults()), args[0].clone], do_bench)
-        print(f"{op} {dtype} {rows} x {n_text}: torch.compile {base[0]:.1f} µs, copy {base[1]:.1f} µs")
+        width = f"{n}" + (f"/{stride}" if stride else "")
+        print(f"{op} {dtype} {rows} x {width}: torch.compile {base[0]:.1f} µs, copy {base[1]:.1f} µs")
         for cand, t in sorted(zip(cands, times), key=lambda ct: ct[1])[:8]:
             mark = "*" if cand == current else " "
             print(f"  {mark} {t:9.1f} µs  {json.dumps(cand.to_json())}")
@@ -372,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure rows a run like this one (device, versions, method) has measured before")
     parser.add_argument("--dry-run", action="store_true", help="measure and print; leave the table as it is")
     parser.add_argument("--points", type=pathlib.Path, help="time the candidates at these shapes only (see above)")
+    parser.add_argument("--at", type=pathlib.Path, metavar="POINTS",
+                        help="measure only the table rows that hold a shape of this points file, "
+                             "measured before or not (e.g. the points a compare flagged)")
     parser.add_argument("--top", type=int, default=3, help="candidates a row confirms after the screen (default 3)")
     parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, 16),
                         help="processes that compile the candidates first (0: compile while timing)")
@@ -380,8 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     if set(ops) - set(OPS) or dtypes - set(DTYPES) or args.top < 1 or args.processes < 0:
         parser.error(f"--ops from {','.join(OPS)}, --dtypes from {','.join(DTYPES)}, --top >= 1, --processes >= 0")
 
+    at = read_points(args.at) if args.at else None
+
     import torch
     import triton
+
+    from fuseaudit.kernels._tuning import TableRow
 
     if not torch.cuda.is_available():
         print("tune_rows: a CUDA device is needed to measure", file=sys.stderr)
@@ -395,11 +424,19 @@ def main(argv: list[str] | None = None) -> int:
     timing = "triton.testing.do_bench" if args.do_bench else "event time after an L2 flush, 3 interleaved rounds"
     measured = {"device": torch.cuda.get_device_name(), "torch": torch.__version__.split("+")[0],
                 "triton": triton.__version__, "date": datetime.date.today().isoformat(),
-                "method": f"every candidate screened, the {args.top} fastest confirmed by {timing}",
+                "method": f"every candidate screened at up to 9 shapes of the row (its ranges' ends and middles, "
+                          f"the middle width a multiple of {ALIGNED}), "
+                          f"the {args.top} fastest confirmed by {timing}",
                 "by": "tuning/tune_rows.py"}
+    named = None if at is None else {id(row) for op, dtype, r, n, _ in at
+                                     for row in tables[op] if TableRow.from_json(row).holds(dtype, r, n)}
+
     def todo(row: dict[str, Any]) -> bool:
-        return bool(set(row["dtypes"].split(",")) & dtypes) and (args.again or not measured_alike(
-            row.get("measured"), measured))
+        if not set(row["dtypes"].split(",")) & dtypes:
+            return False
+        if named is not None:
+            return id(row) in named
+        return args.again or not measured_alike(row.get("measured"), measured)
 
     rows = [(op, row) for op in ops for row in tables[op] if todo(row)]
     jobs = [(op, dtype, points, [c.to_json() for c in cands]) for op, row in rows

@@ -113,6 +113,11 @@ class TableRow(NamedTuple):
     max_n: int | None
     config: RowConfig
 
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> TableRow:
+        """A row as the table file writes it: ``{"dtypes": "fp16,bf16", "rows": [lo, hi], "n": [lo, hi], ...}``."""
+        return cls(frozenset(row["dtypes"].split(",")), *row["rows"], *row["n"], RowConfig.from_json(row["config"]))
+
     def holds(self, dtype: str, rows: int, n: int) -> bool:
         return (dtype in self.dtypes and self.min_rows <= rows and (self.max_rows is None or rows <= self.max_rows)
                 and self.min_n <= n and (self.max_n is None or n <= self.max_n))
@@ -121,9 +126,7 @@ class TableRow(NamedTuple):
 def load_tables(path: pathlib.Path = TABLE_FILE) -> tuple[dict[str, Any], dict[str, tuple[TableRow, ...]]]:
     """``(where it was measured, {op: table})`` from a table file."""
     data = json.loads(path.read_text())
-    tables = {op: tuple(TableRow(frozenset(r["dtypes"].split(",")), *r["rows"], *r["n"],
-                                 RowConfig.from_json(r["config"])) for r in rows)
-              for op, rows in data["ops"].items()}
+    tables = {op: tuple(TableRow.from_json(r) for r in rows) for op, rows in data["ops"].items()}
     return data["measured"], tables
 
 
