@@ -229,7 +229,7 @@ def test_a_tuning_run_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monk
     with pytest.raises(KeyboardInterrupt):
         tune_rows.main(["--ops", "softmax", "--table", str(table)])
     rows = json.loads(table.read_text())["ops"]["softmax"]
-    assert [("measured" in row) for row in rows[:3]] == [True, True, False]
+    assert [(row.get("measured") or {}).get("device") == "a stand-in" for row in rows[:3]] == [True, True, False]
     assert rows[0]["measured"]["device"] == "a stand-in" and _tuning.load_tables(table)
     doc = json.loads(table.read_text())  # run again on a later day: the stamped rows are neither compiled
     earlier = {**rows[0]["measured"], "date": "2000-01-01"}  # nor measured, the rest are
