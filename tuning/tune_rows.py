@@ -303,7 +303,10 @@ def provenance(old: dict[str, Any], tables: dict[str, list[dict[str, Any]]], mea
     return old, tables
 
 
-def _plan(row: dict[str, Any]) -> tuple[str, list[tuple[int, int]], list[Any]]:
+Plan = tuple[str, list[tuple[int, int]], list[Any]]  # a row's measured dtype, shapes and candidates
+
+
+def _plan(row: dict[str, Any]) -> Plan:
     """A table row's measured dtype, shapes and candidates (the row's own config first)."""
     from fuseaudit.kernels._tuning import RowConfig
 
@@ -318,16 +321,16 @@ def measured_alike(stamp: dict[str, Any] | None, measured: dict[str, Any]) -> bo
     return stamp is not None and {**stamp, "date": None} == {**measured, "date": None}
 
 
-def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, todo: Callable[[dict[str, Any]], bool],
+def tune(op: str, rows_of_table: list[dict[str, Any]], device: str, plans: dict[int, Plan],
          min_gain: float, do_bench: bool, measured: dict[str, Any], top: int) -> Iterator[dict[str, Any]]:
     """The table's rows with each config replaced by the fastest candidate where it wins at every shape;
-    each row measured (those ``todo`` holds) is stamped ``measured``."""
+    each row measured (those with a plan in ``plans``, keyed by ``id(row)``) is stamped ``measured``."""
     for row in rows_of_table:
-        if not todo(row):
+        if id(row) not in plans:
             yield row
             continue
         start = time.monotonic()
-        dtype, points, cands = _plan(row)
+        dtype, points, cands = plans[id(row)]
         kept = finalists(screen_row(op, dtype, points, cands, device), top)
         best = cands[0]
         if len(kept) > 1:  # some candidate screened faster than the row's config at every shape: confirm
@@ -438,17 +441,17 @@ def main(argv: list[str] | None = None) -> int:
             return id(row) in named
         return args.again or not measured_alike(row.get("measured"), measured)
 
-    rows = [(op, row) for op in ops for row in tables[op] if todo(row)]
-    jobs = [(op, dtype, points, [c.to_json() for c in cands]) for op, row in rows
-            for dtype, points, cands in [_plan(row)]]
+    plans = {id(row): _plan(row) for op in ops for row in tables[op] if todo(row)}
+    jobs = [(op, dtype, points, [c.to_json() for c in cands]) for op in ops for row in tables[op]
+            if id(row) in plans for dtype, points, cands in [plans[id(row)]]]
     jobs.sort(key=lambda job: -len(job[2]) * len(job[3]))  # the longest first, so that none is left to run alone
     precompile(jobs, args.processes)
     for op in ops:
         before, done = tables[op], []
-        for row in tune(op, before, device, todo, args.min_gain, args.do_bench, measured, args.top):
+        for row in tune(op, before, device, plans, args.min_gain, args.do_bench, measured, args.top):
             done.append(row)
             tables[op] = done + before[len(done):]
-            if not args.dry_run and todo(before[len(done) - 1]):  # after each row measured: a cut run keeps it
+            if not args.dry_run and id(before[len(done) - 1]) in plans:  # after each row measured: a cut run keeps it
                 write_table(args.table, *provenance(data["measured"], tables, measured))
         print(f"{op}: done" + ("" if args.dry_run else f", {args.table} rewritten"), file=sys.stderr, flush=True)
     return 0
