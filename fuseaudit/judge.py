@@ -10,7 +10,8 @@ Phases, in the order a job lists them:
 ``edge``         the catalog's edge cases (:mod:`fuseaudit.edges`): every dtype,
                  regime and layout, the widths models use and kernels switch
                  at, more rows than a tile; each failing property is shrunk
-                 among the cases near its first failing edge case.
+                 among the cases near its first failing edge case, within
+                 :data:`EDGE_SHRINK_CALLS` calls and ``shrink_seconds``.
 ``search``       Hypothesis draws cases within the declared support; each
                  failing property is shrunk to its own minimal case
                  (``minimal`` events), then replayed in a fresh worker: one
@@ -242,6 +243,7 @@ class Judge:
                 return
             for f in report.failures:
                 first.setdefault(f.prop, report)
+        deadline = time.monotonic() + self.job.shrink_seconds  # every property's shrinking together, as the search's
         for prop, report in first.items():
             if report.process is not None or self.hung:
                 continue  # a crash is replayed by the command it prints; a hang is never called again
@@ -256,7 +258,11 @@ class Judge:
                     return True
                 return False
 
-            shrink(report.case, lambda c: not self.hung and fails(c), budget=EDGE_SHRINK_CALLS)
+            shrink(report.case, lambda c: not self.hung and fails(c), budget=EDGE_SHRINK_CALLS, deadline=deadline)
+            if time.monotonic() >= deadline:
+                self.emit({"event": "note", "message": f"shrinking the edge phase's {prop} failure stopped at the "
+                                                       f"shrink time ({self.job.shrink_seconds:g} s): the case shown "
+                                                       "is the smallest found by then"})
             self.emit({"event": "minimal", "prop": prop, "report": smallest["report"].to_dict()})
             self._replay_minimal([(prop, smallest["report"])])
 
