@@ -99,8 +99,8 @@ def audit(
     (default: the catalog's); ``case`` replays one case (a :class:`Case` or
     its JSON); ``timeout`` seconds a call may take before it counts as hung;
     ``profile`` the size bounds (default ``gpu`` on CUDA, ``ci`` on the CPU);
-    ``shrink_time`` seconds of shrinking after the first failure (in the edge
-    phase, and again in the search), after which the smallest failing case
+    ``shrink_time`` seconds of shrinking after the first failure (the edge
+    phase and the search on one clock), after which the smallest failing case
     found so far is reported; ``isolate=False``
     calls the target in this process; ``progress`` shows progress on stderr;
     ``on_event`` receives every event of the judge as it comes (``fuseaudit
@@ -419,8 +419,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", choices=tuple(SIZE_PROFILES), default=None,
                         help="size bounds of drawn cases (default: gpu on CUDA, ci on the CPU)")
     parser.add_argument("--shrink-time", type=float, default=DEFAULT_SHRINK_S, metavar="SECONDS",
-                        help=f"stop shrinking this long after the first failure, in the edge phase and again in the "
-                             f"search (default {DEFAULT_SHRINK_S:g})")
+                        help=f"stop shrinking this long after the first failure, edge phase and search alike "
+                             f"(default {DEFAULT_SHRINK_S:g})")
     parser.add_argument("--sanitize", nargs="?", const="", default=None, metavar="TOOLS",
                         help="also run the edge cases and the minimal failing cases under compute-sanitizer "
                              "(CUDA): memcheck,initcheck,racecheck (default: all three)")

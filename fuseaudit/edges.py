@@ -23,7 +23,6 @@ and reported and replayed as the search's minimal cases are.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Callable
@@ -120,16 +119,15 @@ def _simpler_kinds(case: Case) -> Iterator[Case]:
         yield replace(case, seed=0)
 
 
-def shrink(case: Case, fails: Callable[[Case], bool], *, budget: int = 60, deadline: float | None = None) -> Case:
+def shrink(case: Case, fails: Callable[[Case], bool], *, budget: int = 60) -> Case:
     """A simpler case on which ``fails`` still holds: each size bisected down, then plainer layouts, dtype, values.
 
-    Deterministic, at most ``budget`` calls of ``fails``, none started after ``deadline`` (a
-    ``time.monotonic()`` value: a compiling target can take seconds a call); ``case`` must fail.
+    Deterministic, at most ``budget`` calls of ``fails``; ``case`` must fail.
     """
     calls = [0]
 
     def still(candidate: Case) -> bool:
-        if calls[0] >= budget or (deadline is not None and time.monotonic() >= deadline):
+        if calls[0] >= budget:
             return False
         calls[0] += 1
         return fails(candidate)

@@ -11,15 +11,16 @@ Phases, in the order a job lists them:
                  regime and layout, the widths models use and kernels switch
                  at, more rows than a tile; each failing property is shrunk
                  among the cases near its first failing edge case, within
-                 :data:`EDGE_SHRINK_CALLS` calls and ``shrink_seconds``.
+                 :data:`EDGE_SHRINK_CALLS` calls.
 ``search``       Hypothesis draws cases within the declared support; each
                  failing property is shrunk to its own minimal case
                  (``minimal`` events), then replayed in a fresh worker: one
                  that passes there is marked ``flaky`` (it depends on earlier
-                 calls).  After ``shrink_seconds`` from the first failure new
-                 cases are no longer run.  A hang, here or in the edge phase,
-                 ends the calls of new cases (each attempt to shrink it would
-                 cost the timeout).
+                 calls).  ``shrink_seconds`` after the audit's first failure
+                 (edge or search) shrinking stops in both phases: the
+                 smallest failing case found by then is reported.  A hang,
+                 here or in the edge phase, ends the calls of new cases (each
+                 attempt to shrink it would cost the timeout).
 ``replay``       the one case of ``--case``.
 ``launches``     kernels per call, on up to :data:`LATER_CASES` cases that ran
                  in the search (the smallest, the largest, another dtype).
@@ -80,7 +81,7 @@ class AuditJob:
     count_launches: bool = True  # False: launches cannot be counted for this target here
     launches_note: str = ""  # why launches are not judged or counted
     case: str | None = None  # a Case as JSON, for ``replay``
-    shrink_seconds: float = 300.0  # shrinking budget, from the first failure on
+    shrink_seconds: float = 300.0  # shrinking budget of the edge phase and the search, from the first failure on
     sanitize: list[str] | None = None  # compute-sanitizer tools of the sanitize phase
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -178,6 +179,7 @@ class Judge:
         self.ran: list[Case] = []  # supported cases that returned outputs, for the later phases
         self.ran_edge: list[Case] = []  # edge cases that ran: for the later phases only if the search ran none
         self.hung = False  # a call hung: no new cases are called after it
+        self.first_failure: float | None = None  # when the audit's first failure was judged: shrinking's clock
         self._lost_seen = 0
 
     def run(self) -> None:
@@ -243,7 +245,8 @@ class Judge:
                 return
             for f in report.failures:
                 first.setdefault(f.prop, report)
-        deadline = time.monotonic() + self.job.shrink_seconds  # every property's shrinking together, as the search's
+            if report.failures and self.first_failure is None:
+                self.first_failure = time.monotonic()
         for prop, report in first.items():
             if report.process is not None or self.hung:
                 continue  # a crash is replayed by the command it prints; a hang is never called again
@@ -258,13 +261,25 @@ class Judge:
                     return True
                 return False
 
-            shrink(report.case, lambda c: not self.hung and fails(c), budget=EDGE_SHRINK_CALLS, deadline=deadline)
-            if time.monotonic() >= deadline:
+            timed_out: list[bool] = []
+
+            def attempt(case: Case, fails: Callable[[Case], bool] = fails, timed_out: list[bool] = timed_out) -> bool:
+                if time.monotonic() >= self._shrink_deadline():  # a compiling target pays seconds a call
+                    timed_out.append(True)
+                    return False
+                return not self.hung and fails(case)
+
+            shrink(report.case, attempt, budget=EDGE_SHRINK_CALLS)
+            if timed_out:
                 self.emit({"event": "note", "message": f"shrinking the edge phase's {prop} failure stopped at the "
                                                        f"shrink time ({self.job.shrink_seconds:g} s): the case shown "
                                                        "is the smallest found by then"})
             self.emit({"event": "minimal", "prop": prop, "report": smallest["report"].to_dict()})
             self._replay_minimal([(prop, smallest["report"])])
+
+    def _shrink_deadline(self) -> float:
+        """When shrinking stops: ``shrink_seconds`` after the audit's first failure, in the edge phase or the search."""
+        return (self.first_failure or time.monotonic()) + self.job.shrink_seconds
 
     def _phase_search(self) -> None:
         from .strategies import cases
@@ -287,11 +302,10 @@ class Judge:
         from hypothesis import seed as hypothesis_seed
 
         failed: set[str] = set()
-        clock: dict[str, float] = {}
 
         def check(case: Case) -> None:
             key = case.to_json()
-            if failed and key not in failed and time.monotonic() - clock["first_failure"] > self.job.shrink_seconds:
+            if failed and key not in failed and time.monotonic() > self._shrink_deadline():
                 return  # shrink budget spent: report the smallest failing case found so far
             report, _ = self._judge(case, phase)
             if report.unsupported:
@@ -300,7 +314,8 @@ class Judge:
                 raise SearchStopped()
             if not report.passed:
                 failed.add(key)
-                clock.setdefault("first_failure", time.monotonic())
+                if self.first_failure is None:
+                    self.first_failure = time.monotonic()
             report.raise_for_failures()
 
         test = settings(

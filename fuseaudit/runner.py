@@ -88,7 +88,7 @@ from .cli import usage_error
 
 # examples per audit: (row ops, attention) per device; built-in targets recompile per shape, so fewer
 DEFAULT_TARGET_EXAMPLES = {"cpu": 8, "cuda": 8}
-DEFAULT_SHRINK_S = 30.0  # shrinking of each failure: a run surveys many targets (fuseaudit audit of one: 120 s)
+DEFAULT_SHRINK_S = 30.0  # shrinking of an audit, from its first failure: a run surveys many targets (audit: 120 s)
 DEFAULT_BENCH_S = 100.0  # budget of the bench step; with the e2e one, what makes a default H200 run fit five minutes
 DEFAULT_E2E_S = 120.0  # budget of the e2e step
 LAUNCHES_TIMEOUT_S = 600.0
