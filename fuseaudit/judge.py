@@ -206,6 +206,8 @@ class Judge:
             self.emit({"event": "done", "phase": phase, "report": report.to_dict()})
         if called.status == "ok" and not report.unsupported and phase in ("edge", "search", "replay"):
             (self.ran_edge if phase == "edge" else self.ran).append(case)
+        if report.failures and self.first_failure is None and phase in ("edge", "search"):
+            self.first_failure = time.monotonic()
         return report, called
 
     def _note_lost(self, phase: str, report: CaseReport | None = None, message: str = "") -> None:
@@ -245,14 +247,17 @@ class Judge:
                 return
             for f in report.failures:
                 first.setdefault(f.prop, report)
-            if report.failures and self.first_failure is None:
-                self.first_failure = time.monotonic()
         for prop, report in first.items():
             if report.process is not None or self.hung:
                 continue  # a crash is replayed by the command it prints; a hang is never called again
-            smallest = {"report": report}
+            smallest: dict[str, Any] = {"report": report, "cut": False}
 
             def fails(case: Case, prop: str = prop, smallest: dict[str, Any] = smallest) -> bool:
+                if self.hung:
+                    return False
+                if time.monotonic() >= self._shrink_deadline():  # a compiling target pays seconds a call
+                    smallest["cut"] = True
+                    return False
                 again, _ = self._judge(case, "edge")
                 if again.process == "timeout":
                     self.hung = True
@@ -261,16 +266,8 @@ class Judge:
                     return True
                 return False
 
-            timed_out: list[bool] = []
-
-            def attempt(case: Case, fails: Callable[[Case], bool] = fails, timed_out: list[bool] = timed_out) -> bool:
-                if time.monotonic() >= self._shrink_deadline():  # a compiling target pays seconds a call
-                    timed_out.append(True)
-                    return False
-                return not self.hung and fails(case)
-
-            shrink(report.case, attempt, budget=EDGE_SHRINK_CALLS)
-            if timed_out:
+            shrink(report.case, fails, budget=EDGE_SHRINK_CALLS)
+            if smallest["cut"]:
                 self.emit({"event": "note", "message": f"shrinking the edge phase's {prop} failure stopped at the "
                                                        f"shrink time ({self.job.shrink_seconds:g} s): the case shown "
                                                        "is the smallest found by then"})
@@ -314,8 +311,6 @@ class Judge:
                 raise SearchStopped()
             if not report.passed:
                 failed.add(key)
-                if self.first_failure is None:
-                    self.first_failure = time.monotonic()
             report.raise_for_failures()
 
         test = settings(
